@@ -1,0 +1,121 @@
+"""Prometheus metrics of the gateway (Triton exposes its own on its metrics port).
+
+Final names (the Grafana dashboard is built from them; all prefixed `gateway_`):
+
+| name | type | labels |
+| --- | --- | --- |
+| gateway_requests_total | counter | route, model, status |
+| gateway_request_duration_seconds | histogram | route, model |
+| gateway_triton_request_duration_seconds | histogram | model, transport (shm, grpc) |
+| gateway_inputs_per_request | histogram | route |
+| gateway_tokens_total | counter | route, model |
+| gateway_shm_regions_in_use | gauge | (none) |
+| gateway_shm_regions | gauge | (none): size of the pool |
+| gateway_in_flight_requests | gauge | (none) |
+| gateway_errors_total | counter | type (the error `type` of the JSON error body) |
+
+`model` is the served model NAME (or "" when the request failed before one was chosen);
+`route` is the route template ("/classify", "/embed", "/v1/embeddings").
+
+Several uvicorn workers: prometheus-client's multiprocess mode. `python -m gateway`
+sets `PROMETHEUS_MULTIPROC_DIR` (an empty temporary directory, or the one given) BEFORE
+prometheus_client is imported, whenever it runs more than one worker; every worker then
+writes its values to mmap files in that directory, and `/metrics`, answered by whichever
+worker gets the scrape, aggregates all of them with `MultiProcessCollector`. Counters and
+histograms are summed across workers; the gauges use `livesum` (sum over live workers),
+and a worker that exits is marked dead (`mark_process_dead`) so its gauges drop out.
+With one worker and no `PROMETHEUS_MULTIPROC_DIR`, the default in-process registry is used.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075,
+    0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+_INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+REQUESTS = Counter(
+    "gateway_requests_total",
+    "HTTP requests answered, by route template, model and HTTP status.",
+    ("route", "model", "status"),
+)
+REQUEST_LATENCY = Histogram(
+    "gateway_request_duration_seconds",
+    "Whole HTTP request latency inside the gateway.",
+    ("route", "model"),
+    buckets=_LATENCY_BUCKETS,
+)
+TRITON_LATENCY = Histogram(
+    "gateway_triton_request_duration_seconds",
+    "Latency of one Triton gRPC infer call (one batch chunk).",
+    ("model", "transport"),
+    buckets=_LATENCY_BUCKETS,
+)
+INPUTS_PER_REQUEST = Histogram(
+    "gateway_inputs_per_request",
+    "Number of input texts in one HTTP request.",
+    ("route",),
+    buckets=_INPUT_BUCKETS,
+)
+TOKENS = Counter(
+    "gateway_tokens_total",
+    "Tokens processed (min(num_tokens, max_seq_len) per input).",
+    ("route", "model"),
+)
+SHM_IN_USE = Gauge(
+    "gateway_shm_regions_in_use",
+    "Shared-memory regions currently leased by requests.",
+    multiprocess_mode="livesum",
+)
+SHM_REGIONS = Gauge(
+    "gateway_shm_regions",
+    "Shared-memory regions in the pool (all workers).",
+    multiprocess_mode="livesum",
+)
+IN_FLIGHT = Gauge(
+    "gateway_in_flight_requests",
+    "Requests being processed (all workers).",
+    multiprocess_mode="livesum",
+)
+ERRORS = Counter(
+    "gateway_errors_total",
+    "Error responses by error type (the `type` field of the JSON error body).",
+    ("type",),
+)
+
+
+def multiprocess_enabled() -> bool:
+    """True when values live in PROMETHEUS_MULTIPROC_DIR files (several workers)."""
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def render_latest() -> tuple[bytes, str]:
+    """The exposition text of all gateway metrics (aggregated over workers) and its content type."""
+    if multiprocess_enabled():
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    from prometheus_client import REGISTRY
+
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def mark_worker_dead(pid: int) -> None:
+    """Drop a dead worker's live gauges (call from the parent or at worker exit)."""
+    if multiprocess_enabled():
+        multiprocess.mark_process_dead(pid)
