@@ -1,0 +1,30 @@
+"""Embeddings: the pooled vectors of the ensemble, L2-normalized by the gateway on request."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gateway.service.inference import run_texts
+from gateway.service.registry import Backend, ServedModel
+from gateway.triton.client import TritonClient
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, np.float32(1e-12))
+
+
+async def embed(
+    client: TritonClient,
+    model: ServedModel,
+    texts: list[str],
+    *,
+    normalize: bool,
+    truncate: bool,
+    backend: Backend | None,
+) -> tuple[np.ndarray, int]:
+    """Embeddings [n, dim] float32 for `texts` in order, and the billed token count."""
+    result = await run_texts(client, model, texts, truncate=truncate, backend=backend)
+    vectors = l2_normalize(result.outputs) if normalize else result.outputs
+    return vectors.astype(np.float32, copy=False), result.tokens

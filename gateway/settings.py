@@ -1,0 +1,55 @@
+"""Gateway settings, read from the environment (prefix `GATEWAY_`); all listed in .env.example."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    """Every knob of the gateway. `GATEWAY_API_KEYS` is a comma-separated list."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore")
+
+    triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
+    shm: Literal["system", "none"] = Field(
+        "system", description="`system`: tensors through system shared memory; `none`: plain gRPC."
+    )
+    shm_pool_size: int = Field(4, ge=1, le=256, description="Shared-memory regions per model and worker.")
+    shm_prefix: str = Field("gateway", pattern=r"^[A-Za-z0-9_]+$", description="Name prefix of the regions.")
+    shm_bytes_per_token: int = Field(
+        8, ge=1, description="Input region size per token of max_seq_len (bigger texts go over plain gRPC)."
+    )
+    triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
+    request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")
+    startup_timeout_s: float = Field(5.0, gt=0, description="How long start-up waits for Triton before serving.")
+    refresh_interval_s: float = Field(2.0, ge=0, description="Least time between two model re-discoveries.")
+    max_inputs: int = Field(2048, ge=1, description="Most input texts in one request (413 above).")
+    max_in_flight: int = Field(512, ge=1, description="Requests in flight per worker (429 above).")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Accepted bearer keys; empty list = no auth."
+    )
+    request_id_header: str = Field("X-Request-ID", description="Request id header, echoed back.")
+    host: str = Field("0.0.0.0", description="Listen address.")
+    port: int = Field(8080, ge=1, le=65535, description="Listen port.")
+    workers: int = Field(1, ge=1, description="Uvicorn worker processes.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    metrics_dir: str = Field(
+        "", description="PROMETHEUS_MULTIPROC_DIR for several workers; empty = a fresh temp dir."
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> GatewaySettings:
+    """The process-wide settings, read once from the environment."""
+    return GatewaySettings()

@@ -1,0 +1,123 @@
+"""A pool of system shared-memory regions, registered with Triton once and leased per request.
+
+Each region carries one batch chunk of one ensemble: `[ text input | model output | num_tokens ]`
+at fixed offsets, so a request needs no region creation and no (un)registration on the hot
+path: the gateway writes the serialized texts at offset 0, Triton writes the outputs at their
+offsets, the gateway copies them out and returns the region to the pool.
+Regions are POSIX shm objects `/dev/shm/<prefix>_<pid>_<n>` (tritonclient.utils.shared_memory);
+the pid keeps several workers apart. `close()` unregisters them from Triton and unlinks them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.utils.shared_memory as shm
+
+from gateway.metrics import SHM_IN_USE, SHM_REGIONS
+
+log = logging.getLogger("gateway.shm")
+_ALIGN = 64
+_counter = itertools.count()
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class RegionLayout:
+    """Byte offsets and sizes of the three tensors inside one region."""
+
+    input_size: int
+    output_offset: int
+    output_size: int
+    tokens_offset: int
+    tokens_size: int
+
+    @property
+    def byte_size(self) -> int:
+        return self.tokens_offset + self.tokens_size
+
+    @classmethod
+    def for_model(cls, max_batch: int, max_input_bytes: int, output_width: int) -> "RegionLayout":
+        """Layout for `max_batch` texts of at most `max_input_bytes` serialized bytes in all."""
+        input_size = _align(max_input_bytes)
+        output_size = _align(max_batch * output_width * 4)
+        tokens_size = _align(max_batch * 4)
+        return cls(input_size, input_size, output_size, input_size + output_size, tokens_size)
+
+
+class Region:
+    """One registered region: its Triton name, its shm key and a handle to its memory."""
+
+    def __init__(self, prefix: str, layout: RegionLayout) -> None:
+        self.name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+        self.key = "/" + self.name
+        self.layout = layout
+        self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
+
+    @property
+    def buffer(self) -> memoryview:
+        """The region's memory (a live view: copy what must outlive the lease)."""
+        return self.handle._mpsm_handle.buf  # noqa: SLF001 - tritonclient exposes no public accessor
+
+    def write_input(self, payload: bytes) -> None:
+        """Copy the serialized input tensor to offset 0."""
+        shm.set_shared_memory_region(self.handle, [np.array(payload, dtype=np.object_)])
+
+    def read_output(self, rows: int, width: int) -> np.ndarray:
+        """Copy `rows x width` float32 outputs out of the region."""
+        return np.frombuffer(self.buffer, np.float32, rows * width, self.layout.output_offset).reshape(rows, width).copy()
+
+    def read_tokens(self, rows: int) -> np.ndarray:
+        """Copy `rows` int32 token counts out of the region."""
+        return np.frombuffer(self.buffer, np.int32, rows, self.layout.tokens_offset).copy()
+
+    def destroy(self) -> None:
+        shm.destroy_shared_memory_region(self.handle)
+
+
+class ShmPool:
+    """Fixed set of regions for one Triton model; `lease()` waits for a free one."""
+
+    def __init__(self, prefix: str, layout: RegionLayout, size: int) -> None:
+        self.layout = layout
+        self.regions = [Region(prefix, layout) for _ in range(size)]
+        self._free: asyncio.Queue[Region] = asyncio.Queue()
+        for region in self.regions:
+            self._free.put_nowait(region)
+        SHM_REGIONS.inc(size)
+
+    @asynccontextmanager
+    async def lease(self) -> AsyncIterator[Region]:
+        """Borrow a region for one Triton call; it returns to the pool afterwards."""
+        region = await self._free.get()
+        SHM_IN_USE.inc()
+        try:
+            yield region
+        finally:
+            SHM_IN_USE.dec()
+            self._free.put_nowait(region)
+
+    def destroy(self) -> None:
+        """Unmap and unlink every region (after unregistering them from Triton)."""
+        for region in self.regions:
+            try:
+                region.destroy()
+            except Exception:  # noqa: BLE001 - keep unlinking the others
+                log.warning("could not unlink shm region %s", region.key)
+        SHM_REGIONS.dec(len(self.regions))
+        self.regions = []
+
+
+def serialize_texts(texts: list[bytes]) -> bytes:
+    """Triton BYTES tensor serialization: 4-byte little-endian length before each element."""
+    return b"".join(len(t).to_bytes(4, "little") + t for t in texts)
