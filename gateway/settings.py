@@ -18,7 +18,7 @@ class GatewaySettings(BaseSettings):
     shm: Literal["system", "none"] = Field(
         "system", description="`system`: tensors through system shared memory; `none`: plain gRPC."
     )
-    shm_pool_size: int = Field(4, ge=1, le=256, description="Shared-memory regions per model and worker.")
+    shm_pool_size: int = Field(16, ge=1, le=256, description="Shared-memory regions per model and worker.")
     shm_prefix: str = Field("gateway", pattern=r"^[A-Za-z0-9_]+$", description="Name prefix of the regions.")
     shm_bytes_per_token: int = Field(
         8, ge=1, description="Input region size per token of max_seq_len (bigger texts go over plain gRPC)."

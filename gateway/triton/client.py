@@ -24,6 +24,17 @@ from gateway.settings import GatewaySettings
 from gateway.triton.shm_pool import RegionLayout, ShmPool, serialize_texts
 
 log = logging.getLogger("gateway.triton")
+_MAX_MESSAGE = 2**31 - 1
+# Reconnect quickly after a Triton restart (gRPC's default backoff grows to 120 s).
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+]
 
 
 def translate_error(exc: InferenceServerException) -> GatewayError:
@@ -49,7 +60,7 @@ class TritonClient:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.timeout = settings.triton_timeout_s
-        self.grpc = grpcaio.InferenceServerClient(settings.triton_url)
+        self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
         self.pools: dict[str, ShmPool] = {}
         self._register_lock = asyncio.Lock()
 
@@ -92,7 +103,7 @@ class TritonClient:
                 layout = RegionLayout.for_model(
                     mb, mb * (4 + model.max_seq_len * s.shm_bytes_per_token), model.output_width
                 )
-                pool = ShmPool(s.shm_prefix, layout, s.shm_pool_size)
+                pool = ShmPool(s.shm_prefix, layout, s.shm_pool_size, quarantine_s=s.triton_timeout_s + 1)
                 self.pools[endpoint.triton_model] = pool
                 await self._register(pool)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
 from gateway.metrics import SHM_IN_USE, SHM_REGIONS
 
@@ -88,8 +89,9 @@ class Region:
 class ShmPool:
     """Fixed set of regions for one Triton model; `lease()` waits for a free one."""
 
-    def __init__(self, prefix: str, layout: RegionLayout, size: int) -> None:
+    def __init__(self, prefix: str, layout: RegionLayout, size: int, quarantine_s: float = 10.0) -> None:
         self.layout = layout
+        self.quarantine_s = quarantine_s
         self.regions = [Region(prefix, layout) for _ in range(size)]
         self._free: asyncio.Queue[Region] = asyncio.Queue()
         for region in self.regions:
@@ -98,14 +100,30 @@ class ShmPool:
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Region]:
-        """Borrow a region for one Triton call; it returns to the pool afterwards."""
+        """Borrow a region for one Triton call; it returns to the pool afterwards.
+
+        When the call was abandoned (cancelled, timed out) Triton may still write into the
+        region, so it rejoins the pool only after `quarantine_s`.
+        """
         region = await self._free.get()
         SHM_IN_USE.inc()
         try:
             yield region
+        except BaseException as exc:
+            if _abandoned(exc):
+                asyncio.get_running_loop().call_later(self.quarantine_s, self._free.put_nowait, region)
+            else:
+                self._free.put_nowait(region)
+            raise
+        else:
+            self._free.put_nowait(region)
         finally:
             SHM_IN_USE.dec()
-            self._free.put_nowait(region)
+
+    @property
+    def free(self) -> int:
+        """Regions not leased right now."""
+        return self._free.qsize()
 
     def destroy(self) -> None:
         """Unmap and unlink every region (after unregistering them from Triton)."""
@@ -116,6 +134,12 @@ class ShmPool:
                 log.warning("could not unlink shm region %s", region.key)
         SHM_REGIONS.dec(len(self.regions))
         self.regions = []
+
+
+def _abandoned(exc: BaseException) -> bool:
+    if isinstance(exc, (asyncio.CancelledError, TimeoutError)):
+        return True
+    return isinstance(exc, InferenceServerException) and "DEADLINE_EXCEEDED" in str(exc.status())
 
 
 def serialize_texts(texts: list[bytes]) -> bytes:

@@ -1,0 +1,86 @@
+"""Settings, schemas, serialization and shm layout: the parts that need no Triton."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from tritonclient.utils import serialize_byte_tensor
+
+from gateway.api.schemas import ClassifyRequest, OpenAIEmbeddingRequest
+from gateway.service.classify import softmax
+from gateway.service.embed import l2_normalize
+from gateway.settings import GatewaySettings
+from gateway.triton.shm_pool import RegionLayout, ShmPool, serialize_texts
+from tests.gateway.conftest import shm_segments
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_API_KEYS", " k1, k2 ,")
+    monkeypatch.setenv("GATEWAY_SHM", "none")
+    monkeypatch.setenv("GATEWAY_WORKERS", "4")
+    s = GatewaySettings()
+    assert s.api_keys == ["k1", "k2"] and s.shm == "none" and s.workers == 4
+    monkeypatch.setenv("GATEWAY_SHM", "cuda")
+    with pytest.raises(ValidationError):
+        GatewaySettings()
+
+
+@pytest.mark.parametrize("inputs", [[], [1], ["a", None], 5, None])
+def test_schema_rejects_bad_inputs(inputs: object) -> None:
+    with pytest.raises(ValidationError):
+        ClassifyRequest.model_validate({"inputs": inputs})
+
+
+def test_schema_accepts_text_or_list() -> None:
+    assert ClassifyRequest.model_validate({"inputs": "x"}).inputs == "x"
+    assert OpenAIEmbeddingRequest.model_validate({"input": ["a", "b"], "model": "m"}).input == ["a", "b"]
+
+
+def test_serialize_texts_matches_tritonclient() -> None:
+    texts = ["", "héllo", "a" * 300]
+    expected = serialize_byte_tensor(np.array([t.encode() for t in texts], dtype=np.object_)).item()
+    assert serialize_texts([t.encode() for t in texts]) == expected
+
+
+def test_softmax_and_normalize() -> None:
+    logits = np.array([[1.0, 2.0, 3.0], [1000.0, 0.0, -1000.0]], dtype=np.float32)
+    probs = softmax(logits)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(probs[0], np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum(), rtol=1e-5)
+    vecs = l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32))
+    np.testing.assert_allclose(vecs, [[0.6, 0.8], [0.0, 0.0]])
+
+
+def test_layout_is_aligned_and_disjoint() -> None:
+    layout = RegionLayout.for_model(max_batch=8, max_input_bytes=8 * (4 + 64 * 8), output_width=3)
+    assert layout.output_offset >= 8 * (4 + 64 * 8)
+    assert layout.tokens_offset >= layout.output_offset + 8 * 3 * 4
+    assert layout.output_offset % 64 == layout.tokens_offset % 64 == 0
+    assert layout.byte_size == layout.tokens_offset + layout.tokens_size
+
+
+@pytest.mark.anyio
+async def test_pool_leases_waits_quarantines_and_unlinks() -> None:
+    prefix = "gwunitpool"
+    pool = ShmPool(prefix, RegionLayout.for_model(2, 64, 2), size=1, quarantine_s=0.2)
+    assert len(shm_segments(prefix)) == 1
+    async with pool.lease() as region:
+        assert pool.free == 0
+        second = pool.lease()
+        waiter = asyncio.create_task(second.__aenter__())
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # the only region is leased: the next lease waits
+    assert (await waiter) is region
+    await second.__aexit__(None, None, None)
+    assert pool.free == 1
+    with pytest.raises(asyncio.CancelledError):
+        async with pool.lease():
+            raise asyncio.CancelledError  # abandoned call: Triton might still write into it
+    assert pool.free == 0
+    await asyncio.sleep(0.3)
+    assert pool.free == 1
+    pool.destroy()
+    assert shm_segments(prefix) == []
