@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from devstack.tritonserver import TritonServer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.gateway.fake_repository import write_fake_repository
+from devstack.fake_repository import write_fake_repository
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 from devstack.tritonserver import TritonServer, free_port
 from gateway.triton.shm_pool import serialize_texts
 from tests.gateway.conftest import running_gateway, shm_segments
-from tests.gateway.fake_repository import EMBED_DIM, LABELS, MAX_SEQ_LEN, fake_num_tokens, fake_vector
+from devstack.fake_repository import EMBED_DIM, LABELS, MAX_SEQ_LEN, fake_num_tokens, fake_vector
 
 pytestmark = pytest.mark.anyio
 

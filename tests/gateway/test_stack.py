@@ -13,7 +13,7 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests.gateway.conftest import shm_segments
-from tests.gateway.fake_repository import EMBED_DIM, fake_vector
+from devstack.fake_repository import EMBED_DIM, fake_vector
 
 
 def unit(text: str) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""A tiny Triton repository that follows docs/contract.md's ensemble interface without a real model.
+"""A tiny Triton repository with the ensemble interface of docs/contract.md and no real model (tests, benchmarks).
 
 `fake_onnx` (python backend) turns each text into a deterministic vector (`fake_vector`) and
 counts whitespace words + 2 as `num_tokens`; `fakecls_onnx_ensemble` (classify) and
