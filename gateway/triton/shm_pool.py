@@ -17,6 +17,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from multiprocessing import shared_memory as mpshm
 
 import numpy as np
 import tritonclient.utils.shared_memory as shm
@@ -63,7 +64,16 @@ class Region:
         self.name = f"{prefix}_{os.getpid()}_{next(_counter)}"
         self.key = "/" + self.name
         self.layout = layout
-        self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
+        try:
+            self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
+        except shm.SharedMemoryException:
+            # A segment of the same name survived a crashed gateway whose pid we now reuse
+            # (e.g. a restarted container sharing Triton's /dev/shm): replace it.
+            log.warning("replacing stale shm segment %s", self.key)
+            stale = mpshm.SharedMemory(self.name)
+            stale.close()
+            stale.unlink()
+            self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
 
     @property
     def buffer(self) -> memoryview:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -83,4 +84,23 @@ async def test_pool_leases_waits_quarantines_and_unlinks() -> None:
     await asyncio.sleep(0.3)
     assert pool.free == 1
     pool.destroy()
+    assert shm_segments(prefix) == []
+
+
+def test_stale_segment_of_a_crashed_gateway_is_replaced() -> None:
+    from multiprocessing import shared_memory
+
+    from gateway.triton import shm_pool
+
+    prefix = "gwunitstale"
+    layout = RegionLayout.for_model(2, 64, 2)
+    before = next(shm_pool._counter)
+    stale = shared_memory.SharedMemory(f"{prefix}_{os.getpid()}_{before + 1}", create=True, size=8)
+    try:
+        pool = ShmPool(prefix, layout, size=1)
+        assert pool.regions[0].name == stale.name
+        assert len(pool.regions[0].buffer) >= layout.byte_size  # a new, full-size segment
+        pool.destroy()
+    finally:
+        stale.close()
     assert shm_segments(prefix) == []
