@@ -1,0 +1,1 @@
+"""Load generator, benchmarks and reports for the Triton + gateway stack (see docs/benchmarks.md)."""

@@ -1,0 +1,8 @@
+"""Entry point: `python -m loadtest --help`."""
+
+import sys
+
+from loadtest.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

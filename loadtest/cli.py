@@ -1,0 +1,126 @@
+"""`python -m loadtest ...`: load sweeps at the gateway and Triton level, corpus tools, benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from loadtest.corpus import CorpusSpec, make_corpus
+from loadtest.machine import describe_machine
+from loadtest.report import RESULTS_DIR, RunRecord, save, table
+from loadtest.stats import StepSettings
+from loadtest.sweep import Series, points, run_sweep
+from loadtest.targets import GatewaySpec, TritonSpec
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 64], help="closed-loop points, e.g. 1,4,16")
+    p.add_argument("--rate", type=_floats, default=[], help="open-loop arrival rates (req/s), e.g. 50,100")
+    p.add_argument("--max-in-flight", type=int, default=256, help="open loop: most requests in flight")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per point")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each point")
+    p.add_argument("--batch", type=int, default=1, help="texts per request")
+    p.add_argument("--procs", type=int, default=1, help="client processes (one Python client tops out per core)")
+    p.add_argument("--corpus-size", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--name", required=True, help="results go to <out>/<name>/")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+
+def _run(args: argparse.Namespace, series: list[Series], description: str) -> int:
+    texts = make_corpus(CorpusSpec(size=args.corpus_size, seed=args.seed))
+    base = StepSettings(duration_s=args.duration, warmup_s=args.warmup, batch=args.batch, procs=args.procs,
+                        seed=args.seed, concurrency=args.max_in_flight)
+    steps = points(base, args.concurrency, args.rate)
+    machine = describe_machine()
+    results = run_sweep(series, steps, texts, args.progress)
+    record = RunRecord(name=args.name, description=description, machine=machine,
+                       settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+                       steps=results)
+    out = save(record, args.out)
+    print(table(results))
+    print(f"results: {out}")
+    errors = sum(r.errors for r in results)
+    return 1 if errors and not getattr(args, "allow_errors", False) else 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    series = [Series(label=f"gateway {e}", spec=GatewaySpec(url=args.url, endpoint=e, model=args.model,
+                                                            api_key=args.api_key)) for e in args.endpoint]
+    return _run(args, series, f"Gateway {args.url}, endpoints {', '.join(args.endpoint)}")
+
+
+def cmd_triton(args: argparse.Namespace) -> int:
+    series = [Series(label=f"triton {m}{' shm' if args.shm else ''}",
+                     spec=TritonSpec(url=args.url, model=m, shm=args.shm)) for m in args.model]
+    return _run(args, series, f"Triton gRPC {args.url}, models {', '.join(args.model)}")
+
+
+def cmd_corpus(args: argparse.Namespace) -> int:
+    texts = make_corpus(CorpusSpec(size=args.size, seed=args.seed))
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(args.tokenizer))
+        lengths = sorted(len(e.ids) for e in tok.encode_batch(texts))
+        q = {p: lengths[int(p / 100 * (len(lengths) - 1))] for p in (10, 50, 90, 99)}
+        print(f"tokens per text: min {lengths[0]} p10 {q[10]} p50 {q[50]} p90 {q[90]} p99 {q[99]} max {lengths[-1]}; "
+              f"over 512: {sum(x > 512 for x in lengths) / len(lengths):.1%}", file=sys.stderr)
+    if args.perf_analyzer:
+        # perf_analyzer --input-data: one entry per request, a BYTES tensor [batch, 1] named "text".
+        data = [{"text": {"content": texts[i:i + args.batch], "shape": [args.batch, 1] if args.batch > 1 else [1]}}
+                for i in range(0, len(texts) - args.batch + 1, args.batch)]
+        out = json.dumps({"data": data}, ensure_ascii=False)
+    else:
+        out = "\n".join(json.dumps(t, ensure_ascii=False) for t in texts)
+    if args.output:
+        Path(args.output).write_text(out + "\n", encoding="utf-8")
+    else:
+        print(out)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
+    sub = p.add_subparsers(required=True)
+    g = sub.add_parser("gateway", help="sweep the gateway's HTTP API (closed loop and/or open loop)")
+    g.add_argument("--url", default="http://127.0.0.1:8080")
+    g.add_argument("--endpoint", action="append", choices=["classify", "embed", "openai"],
+                   help="repeat for several; default embed")
+    g.add_argument("--model", default=None)
+    g.add_argument("--api-key", default=None)
+    _common(g)
+    g.set_defaults(func=cmd_gateway)
+    t = sub.add_parser("triton", help="sweep a Triton model (ensemble) with tritonclient asyncio gRPC")
+    t.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC host:port")
+    t.add_argument("--model", action="append", required=True, help="e.g. NAME_onnx_ensemble; repeat for several")
+    t.add_argument("--shm", action="store_true", help="tensors through system shared memory")
+    _common(t)
+    t.set_defaults(func=cmd_triton)
+    c = sub.add_parser("corpus", help="write the corpus (JSON lines) or perf_analyzer --input-data JSON")
+    c.add_argument("--size", type=int, default=2000)
+    c.add_argument("--seed", type=int, default=1234)
+    c.add_argument("--batch", type=int, default=1, help="perf_analyzer: texts per request")
+    c.add_argument("--perf-analyzer", action="store_true", help="write perf_analyzer --input-data JSON")
+    c.add_argument("--tokenizer", type=Path, help="tokenizer.json: print the token-length distribution")
+    c.add_argument("--output", "-o", type=Path)
+    c.set_defaults(func=cmd_corpus)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "endpoint", "absent") is None:
+        args.endpoint = ["embed"]
+    return int(args.func(args))
