@@ -43,7 +43,7 @@ DEFAULT_MIX: tuple[LengthBand, ...] = (
     LengthBand(name="query", min_words=2, max_words=10, weight=0.45),
     LengthBand(name="sentence", min_words=11, max_words=40, weight=0.30),
     LengthBand(name="paragraph", min_words=41, max_words=150, weight=0.17),
-    LengthBand(name="passage", min_words=151, max_words=420, weight=0.08),
+    LengthBand(name="passage", min_words=151, max_words=520, weight=0.08),
 )
 
 
