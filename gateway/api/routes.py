@@ -132,6 +132,7 @@ async def models_route(request: Request) -> Response:
         card: dict[str, Any] = {
             "id": m.name,
             "object": "model",
+            "created": 0,
             "owned_by": "gateway",
             "task": m.task,
             "backends": sorted(m.endpoints),

@@ -88,6 +88,7 @@ class ModelCard(BaseModel):
 
     id: str
     object: Literal["model"] = "model"
+    created: int = 0
     owned_by: str = "gateway"
     task: Literal["classify", "embed"]
     backends: list[Backend]

@@ -43,6 +43,7 @@ def test_two_workers_openai_client_metrics_and_no_leak(fake_repository: Path, tm
         raw = single.data[0].embedding  # asked for base64 explicitly: the client hands the string back
         assert isinstance(raw, str)
         np.testing.assert_allclose(np.frombuffer(base64.b64decode(raw), "<f4"), unit("only one"), rtol=1e-5)
+        assert {m.id for m in client.models.list()} == {"fakecls", "fakeemb"}
         with pytest.raises(openai.NotFoundError):
             client.embeddings.create(model="missing", input="x")
 
