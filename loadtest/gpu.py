@@ -1,0 +1,284 @@
+"""Benchmarks 5 and 6 of issue 5, for the 16-core GPU benchmark host (works on CPU too).
+
+    python -m loadtest.gpu --name h100 [--shape base] [--device gpu] [--workers 1,2,4,8]
+
+5 gateway workers: single texts through the gateway with 1, 2, 4, ... uvicorn workers (and
+  direct tritonclient gRPC as the ceiling of Triton itself), then a py-spy profile of a
+  1-worker gateway under load, summarised as the functions with the most samples.
+6 whole path vs model alone: onnxruntime on the built model.onnx (CUDA provider when
+  onnxruntime-gpu is installed) at batch sizes 1..128 and sequence 128, against requests of
+  the same number of ~128-token texts through tritonserver + python-backend runner +
+  gateway + load generator on the same host.
+Environment: TRITON_PYTHONPATH is put first on PYTHONPATH of tritonserver only (the python
+backend stub needs numpy 1); the gateway and the load generator keep this interpreter's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+from devstack.gateway import GatewayProcess
+from devstack.tritonserver import TritonServer
+from loadtest.bench import build_repository, served
+from loadtest.corpus import CorpusSpec, fixed_length_corpus, make_corpus
+from loadtest.machine import Machine, describe_machine
+from loadtest.report import RESULTS_DIR, RunRecord, save, summary_markdown
+from loadtest.stats import Latency, StepResult, StepSettings
+from loadtest.sweep import Series, run_sweep
+from loadtest.targets import GatewaySpec, TritonSpec
+
+
+def start_triton(repo: Path, log: Path) -> TritonServer:
+    """tritonserver with TRITON_PYTHONPATH first on its PYTHONPATH (numpy 1 for the stub)."""
+    saved = os.environ.get("PYTHONPATH")
+    extra = os.environ.get("TRITON_PYTHONPATH")
+    if extra:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra, saved) if p)
+    try:
+        return TritonServer(repository=repo, log_path=log, startup_timeout_s=300).start()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def model_alone(repo: Path, batches: list[int], seq: int, seconds: float) -> dict[int, dict[str, float]]:
+    """onnxruntime (CUDA first when present) on the step model: sequences/s and latency per batch size."""
+    extra = os.environ.get("TRITON_PYTHONPATH")
+    code = f"""
+import json, sys, time
+import numpy as np, onnxruntime as ort
+providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
+path = sys.argv[1]
+sess = ort.InferenceSession(path, providers=providers)
+out = {{"providers": sess.get_providers(), "ort": ort.__version__, "runs": {{}}}}
+rng = np.random.default_rng(0)
+for b in {batches!r}:
+    feed = {{"input_ids": rng.integers(5, 300, size=(b, {seq}), dtype=np.int32),
+            "attention_mask": np.ones((b, {seq}), dtype=np.int32),
+            "token_type_ids": np.zeros((b, {seq}), dtype=np.int32)}}
+    names = {{i.name for i in sess.get_inputs()}}
+    feed = {{k: v for k, v in feed.items() if k in names}}
+    for _ in range(5): sess.run(None, feed)
+    times = []
+    end = time.perf_counter() + {seconds}
+    while time.perf_counter() < end or len(times) < 5:
+        t0 = time.perf_counter(); sess.run(None, feed); times.append(time.perf_counter() - t0)
+    t = np.array(times)
+    out["runs"][b] = {{"median_ms": float(np.median(t) * 1e3), "p99_ms": float(np.percentile(t, 99) * 1e3),
+                      "seq_per_s": float(b / np.median(t)), "calls": len(times)}}
+print(json.dumps(out))
+"""
+    step_model = next(p for p in repo.glob("*_onnx/1/model.onnx"))
+    env = dict(os.environ)
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, env.get("PYTHONPATH")) if p)
+    res = subprocess.run([sys.executable, "-c", code, str(step_model)], capture_output=True, text=True, env=env,
+                         check=True)
+    import json
+
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    print(f"model alone: providers {data['providers']} onnxruntime {data['ort']}", flush=True)
+    return {"meta": data, **{int(k): v for k, v in data["runs"].items()}}  # type: ignore[dict-item]
+
+
+def whole_path(args: argparse.Namespace, repo: Path, work: Path, machine: Machine) -> RunRecord:
+    """Benchmark 6."""
+    ensemble, name, task, max_batch = served(repo)
+    alone = model_alone(repo, args.batches, 128, args.model_seconds)
+    meta = alone.pop("meta")  # type: ignore[call-overload]
+    texts = fixed_length_corpus(words=112, size=512)
+    steps: list[StepResult] = []
+    with start_triton(repo, work / "triton-6.log") as triton, \
+            GatewayProcess(triton.grpc_url, settings={"workers": str(args.path_workers), "shm": "system"},
+                           log_path=work / "gateway-6.log") as gw:
+        gateway = Series(label="gateway /embed", spec=GatewaySpec(url=gw.url, endpoint="embed", model=name))
+        direct = Series(label="triton direct grpc", spec=TritonSpec(url=triton.grpc_url, model=ensemble))
+        for b in args.batches:
+            conc = max(4, min(64, 512 // b))
+            plan = [StepSettings(concurrency=conc, batch=b, duration_s=args.duration, warmup_s=args.warmup,
+                                 procs=min(args.procs, conc))]
+            steps += run_sweep([direct, gateway], plan, texts, args.progress)
+    for b in args.batches:
+        run = alone[b]
+        steps.append(StepResult(label="model alone (onnxruntime)", settings=StepSettings(concurrency=1, batch=b),
+                                requests=run["calls"], errors=0, items=run["calls"] * b, window_s=args.model_seconds,
+                                throughput_rps=run["seq_per_s"] / b, items_per_s=run["seq_per_s"],
+                                latency_ms=Latency(mean=run["median_ms"], p50=run["median_ms"], p90=run["median_ms"],
+                                                   p95=run["median_ms"], p99=run["p99_ms"], max=run["p99_ms"]),
+                                client_cpu_us_per_request=0.0))
+    ratios = {}
+    for b in args.batches:
+        model_rate = alone[b]["seq_per_s"]
+        for label in ("gateway /embed", "triton direct grpc"):
+            s = next(x for x in steps if x.label == label and x.settings.batch == b)
+            ratios[f"b={b} {label} / model alone"] = s.items_per_s / model_rate
+    notes = [f"model alone: onnxruntime {meta['ort']} providers {meta['providers']}, seq 128, inputs from host memory",
+             "whole path: texts of ~120 tokens (bucket 128); concurrency max(4, min(64, 512/batch)); dynamic batching "
+             "may merge requests into larger model batches than the request's own",
+             f"gateway workers {args.path_workers}, client processes up to {args.procs}, all on one host"]
+    return _save(args, "6-whole-path-vs-model", "Texts/s reaching HTTP clients vs the model's own sequences/s at the "
+                 f"same batch sizes, shape {args.shape}.", machine, steps, ratios, notes,
+                 {"ensemble": ensemble, "max_batch_size": max_batch, "shape": args.shape})
+
+
+def profile_top(raw: Path, top: int = 25) -> list[str]:
+    """py-spy raw (collapsed) stacks -> lines 'self% total% function (file:line)'."""
+    self_c: collections.Counter[str] = collections.Counter()
+    total_c: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = stack.split(";")
+        for f in set(frames):
+            total_c[f] += n
+        self_c[frames[-1]] += n
+    if not samples:
+        return ["no samples"]
+    out = [f"{samples} samples; self% total% frame"]
+    out += [f"{self_c[f] / samples:6.1%} {total_c[f] / samples:6.1%}  {f}" for f, _ in self_c.most_common(top)]
+    out += ["", "by inclusive time:"]
+    out += [f"{total_c[f] / samples:6.1%}  {f}" for f, _ in total_c.most_common(top)]
+    return out
+
+
+def gateway_workers(args: argparse.Namespace, repo: Path, work: Path, machine: Machine) -> RunRecord:
+    """Benchmark 5 (with the profile)."""
+    ensemble, name, task, _ = served(repo)
+    texts = make_corpus(CorpusSpec(size=2000))
+    endpoint = "embed" if task == "embed" else "classify"
+    steps: list[StepResult] = []
+    notes: list[str] = []
+    plan = [StepSettings(concurrency=args.single_concurrency, batch=1, duration_s=args.duration,
+                         warmup_s=args.warmup, procs=args.procs)]
+    with start_triton(repo, work / "triton-5.log") as triton:
+        steps += run_sweep([Series(label="triton direct grpc", spec=TritonSpec(url=triton.grpc_url, model=ensemble))],
+                           plan, texts, args.progress)
+        for w in args.workers:
+            with GatewayProcess(triton.grpc_url, settings={"workers": str(w), "shm": "system"},
+                                log_path=work / f"gateway-5-w{w}.log") as gw:
+                time.sleep(1.0 + 0.2 * w)  # every worker up
+                steps += run_sweep([Series(label=f"gateway {w} workers",
+                                           spec=GatewaySpec(url=gw.url, endpoint=endpoint, model=name))],
+                                   plan, texts, args.progress)
+        if shutil.which("py-spy"):
+            notes += profile_gateway(args, triton.grpc_url, endpoint, name, texts, work)
+        else:
+            notes.append("py-spy not found: no profile")
+    by_w = {w: next(s for s in steps if s.label == f"gateway {w} workers") for w in args.workers}
+    base = by_w[args.workers[0]].throughput_rps
+    ratios = {f"{w} workers / {args.workers[0]} worker": s.throughput_rps / base for w, s in by_w.items()}
+    direct = next(s for s in steps if s.label == "triton direct grpc")
+    ratios["best gateway / triton direct"] = max(s.throughput_rps for s in by_w.values()) / direct.throughput_rps
+    ratios["client µs per request (gateway, max)"] = max(s.client_cpu_us_per_request for s in by_w.values())
+    return _save(args, "5-gateway-workers", f"Single texts (length mix) at concurrency {args.single_concurrency} "
+                 f"through the gateway with 1..N uvicorn workers, {args.procs} client processes.", machine, steps,
+                 ratios, notes, {"workers": args.workers, "procs": args.procs})
+
+
+def profile_gateway(args: argparse.Namespace, triton_url: str, endpoint: str, name: str, texts: list[str],
+                    work: Path) -> list[str]:
+    """Load a 1-worker gateway and sample it with py-spy; write profile-gateway.txt."""
+    import threading
+
+    from loadtest.runner import run_step
+
+    with GatewayProcess(triton_url, settings={"workers": "1", "shm": "system"},
+                        log_path=work / "gateway-5-profile.log") as gw:
+        assert gw.process
+        raw = work / "pyspy.raw"
+        spec = GatewaySpec(url=gw.url, endpoint=endpoint, model=name)
+        settings = StepSettings(concurrency=64, duration_s=args.profile_seconds + 4, warmup_s=1, procs=args.procs)
+        result: dict[str, StepResult] = {}
+        load = threading.Thread(target=lambda: result.update(r=run_step("profile", spec, settings, texts)))
+        load.start()
+        time.sleep(2)
+        spy = subprocess.run(["py-spy", "record", "--pid", str(gw.process.pid), "--duration",
+                              str(int(args.profile_seconds)), "--rate", "200", "--format", "raw", "--nonblocking",
+                              "-o", str(raw)], capture_output=True, text=True)
+        load.join()
+    lines = profile_top(raw) if raw.exists() else [f"py-spy failed: {spy.stderr[-500:]}"]
+    text = "\n".join(lines)
+    (work / "profile-gateway.txt").write_text(text + "\n")
+    args.profile_text = text
+    r = result.get("r")
+    return [f"profile: py-spy --rate 200 for {args.profile_seconds}s on a 1-worker gateway at concurrency 64 "
+            f"({r.throughput_rps:.0f} req/s while sampled)" if r else "profile run failed",
+            "profile summary in profile-gateway.txt (raw stacks pyspy.raw)"]
+
+
+def _save(args: argparse.Namespace, suffix: str, description: str, machine: Machine, steps: list[StepResult],
+          ratios: dict[str, float], notes: list[str], settings: dict[str, object]) -> RunRecord:
+    record = RunRecord(name=f"{args.name}-{suffix}", description=description, machine=machine, steps=steps,
+                       ratios=ratios, notes=notes, settings={"duration_s": args.duration, **settings})
+    out = save(record, args.out)
+    for extra in ("profile-gateway.txt",):
+        if suffix.startswith("5") and (args.work / extra).exists():
+            shutil.copy(args.work / extra, out / extra)
+    print(summary_markdown(record), flush=True)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.gpu", description=__doc__.splitlines()[0])
+    p.add_argument("--name", default="gpu")
+    p.add_argument("--shape", default="base")
+    p.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
+    p.add_argument("--repository", type=Path, help="a built repository (default: build --shape with the builder)")
+    p.add_argument("--builder-arg", action="append", default=[])
+    p.add_argument("--only", default="6,5")
+    p.add_argument("--workers", default="1,2,4,8")
+    p.add_argument("--batches", default="1,8,32,64,128")
+    p.add_argument("--path-workers", type=int, default=4)
+    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--single-concurrency", type=int, default=128)
+    p.add_argument("--duration", type=float, default=6.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--model-seconds", type=float, default=2.0)
+    p.add_argument("--profile-seconds", type=float, default=8.0)
+    p.add_argument("--work", type=Path)
+    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False)
+    args = p.parse_args(argv)
+    args.workers = [int(x) for x in args.workers.split(",")]
+    args.batches = [int(x) for x in args.batches.split(",")]
+    args.work = args.work or Path(tempfile.mkdtemp(prefix="loadtest-gpu-"))
+    args.work.mkdir(parents=True, exist_ok=True)
+    machine = describe_machine()
+    repo = args.repository
+    if repo is None:
+        from loadtest.models import make_bert
+
+        t0 = time.time()
+        model_dir = make_bert(args.work / "model", "embed", args.shape)
+        extra = [a for arg in args.builder_arg for a in arg.split()]
+        repo = build_repository(model_dir, args.work / "repository", "bench", "embed",
+                                ["--device", args.device, *extra])
+        print(f"built {args.shape} in {time.time() - t0:.0f}s", flush=True)
+    for key in args.only.split(","):
+        try:
+            (whole_path if key == "6" else gateway_workers)(args, repo, args.work, machine)
+        except Exception as exc:  # noqa: BLE001 - one benchmark failing must not lose the other
+            print(f"benchmark {key} failed: {type(exc).__name__}: {exc}", flush=True)
+            import traceback
+
+            traceback.print_exc()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
