@@ -1,0 +1,3 @@
+"""Hugging Face encoder -> ONNX (+ FP16 TensorRT) -> Triton model repository (docs/contract.md)."""
+
+BUILDER_VERSION = "1"

@@ -1,0 +1,5 @@
+"""`python -m builder build ...`"""
+
+from builder.cli import main
+
+raise SystemExit(main())

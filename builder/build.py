@@ -1,0 +1,248 @@
+"""Orchestration: resolve settings, skip unchanged models, build into staging, check parity, publish."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from builder import configs
+from builder.errors import BuildError
+from builder.export import RepositoryModel, export_onnx, load_repository_model
+from builder.manifest import Manifest, fingerprint, library_versions, python_version, read_manifest, write_manifest
+from builder.parity import ParityResult, compare, parity_inputs, torch_reference
+from builder.publish import publish, staging_directory
+from builder.settings import BuildRequest, ResolvedSettings, default_preferred_batch_sizes
+from builder.source import (
+    ModelSource,
+    config_labels,
+    has_classification_head,
+    model_max_seq_len,
+    resolve_source,
+    sentence_transformers_pooling,
+)
+from builder import tensorrt_engine
+from builder.optimize import onnx_op_counts
+
+Log = Callable[[str], None]
+ENTRY_SUFFIXES = ("_tokenizer", "_onnx", "_onnx_ensemble", "_trt_fp16", "_trt_fp16_ensemble")
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class PlannedBuild:
+    """One model after its settings were resolved against the checkpoint."""
+
+    source: ModelSource
+    settings: ResolvedSettings
+    fingerprint: str
+    entries: dict[str, str]  # role -> entry name
+    timing_cache: Path
+
+
+@dataclass
+class BuildOutcome:
+    name: str
+    entries: list[str]
+    skipped: bool
+    parity: list[ParityResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def resolve_formats(request: BuildRequest, log: Log) -> list[str]:
+    """Explicit formats are checked; the default is onnx,trt where TensorRT is importable, else onnx."""
+    available = tensorrt_engine.tensorrt_available()
+    if request.formats is None:
+        if available and request.device == "gpu":
+            return ["onnx", "trt"]
+        log(f"notice: {request.name}: building onnx only (TensorRT is "
+            f"{'not installed' if not available else 'GPU-only and --device is cpu'}); pass --formats to choose")
+        return ["onnx"]
+    formats = list(dict.fromkeys(request.formats))
+    if "trt" in formats and not available:
+        raise BuildError(f"{request.name}: --formats trt needs TensorRT, and the `tensorrt` Python package is not installed")
+    if "trt" in formats and request.device != "gpu":
+        raise BuildError(f"{request.name}: --formats trt needs --device gpu (TensorRT engines run on GPUs only)")
+    return formats
+
+
+def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[str]) -> ResolvedSettings:
+    """Fill every default from the model and reject settings the model cannot honour."""
+    if request.task not in ("classify", "embed"):
+        raise BuildError(f"unsupported task {request.task!r}: choose classify or embed")
+    limit = model_max_seq_len(source)
+    max_seq_len = request.max_seq_len or min(limit, 512)
+    if max_seq_len > limit:
+        raise BuildError(f"{request.name}: --max-seq-len {max_seq_len} is above the model's limit of {limit} tokens")
+    labels: list[str] | None = None
+    pooling = None
+    if request.task == "classify":
+        if not has_classification_head(source.config):
+            raise BuildError(f"{request.name}: model {request.model!r} has no sequence-classification head; use --task embed")
+        labels = request.labels or config_labels(source.config)
+        num_labels = int(source.config.num_labels)
+        if labels is None or len(labels) != num_labels:
+            raise BuildError(f"{request.name}: {len(labels or [])} labels given but the model has {num_labels} outputs")
+    else:
+        pooling = request.pooling or sentence_transformers_pooling(source.path) or "mean"
+    if any(b <= 0 for b in request.length_buckets):
+        raise BuildError(f"{request.name}: --length-buckets must be positive integers")
+    preferred = request.preferred_batch_sizes or default_preferred_batch_sizes(request.max_batch_size)
+    if any(p <= 0 or p > request.max_batch_size for p in preferred):
+        raise BuildError(f"{request.name}: preferred batch sizes must be within 1..{request.max_batch_size}")
+    return ResolvedSettings(
+        model=request.model, revision=source.revision, task=request.task, name=request.name, formats=formats,
+        max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
+        pooling=pooling, labels=labels, length_buckets=sorted(set(request.length_buckets)),
+        dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
+        preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
+        tokenizer_instances=request.tokenizer_instances, opset=request.opset,
+        trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
+        trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
+    )
+
+
+def plan(request: BuildRequest, log: Log) -> PlannedBuild:
+    formats = resolve_formats(request, log)
+    source = resolve_source(request.model, request.revision)
+    settings = resolve_settings(request, source, formats)
+    cache = Path(request.trt_timing_cache) if request.trt_timing_cache else tensorrt_engine.default_timing_cache()
+    return PlannedBuild(source, settings, fingerprint(source.identity(), settings),
+                        configs.model_names(settings.name, formats), cache)
+
+
+def is_up_to_date(planned: PlannedBuild, repository: Path) -> bool:
+    """True when every entry exists with a manifest of the same fingerprint."""
+    for entry in planned.entries.values():
+        manifest = read_manifest(repository / entry)
+        if manifest is None or manifest.fingerprint != planned.fingerprint:
+            return False
+    return True
+
+
+def _copy_model_py(module: str, destination: Path) -> None:
+    text = resources.files("builder.triton_models").joinpath(f"{module}.py").read_text()
+    destination.write_text(text)
+
+
+def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], output: str) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run([output], inputs)[0])
+
+
+def _check(result: ParityResult, planned: PlannedBuild, log: Log) -> None:
+    log(f"parity {planned.settings.name} {result.summary()}")
+    if not result.passed:
+        raise BuildError(f"{planned.settings.name}: parity failed, nothing published: {result.summary()}")
+
+
+def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[ParityResult], dict[str, int]]:
+    """Write every entry of one model into `staging`; raise BuildError when parity fails."""
+    s, entries = planned.settings, planned.entries
+    tokenizer = planned.source.tokenizer
+    tok_dir = staging / entries["tokenizer"]
+    configs.write_config(tok_dir, configs.tokenizer_config(s, int(tokenizer.pad_token_id or 0)))
+    tokenizer.backend_tokenizer.save(str(tok_dir / "1" / "tokenizer.json"))
+    _copy_model_py("tokenizer", tok_dir / "1" / "model.py")
+
+    log(f"{s.name}: loading {s.model}")
+    model: RepositoryModel = load_repository_model(planned.source.path, s, attn_implementation="eager")
+    inputs = parity_inputs(tokenizer, s.max_seq_len)
+    reference = torch_reference(model, inputs)
+    width = int(reference.shape[1])
+
+    onnx_dir = staging / (entries.get("onnx") or f".{s.name}_onnx_intermediate")
+    onnx_path = onnx_dir / "1" / "model.onnx"
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"{s.name}: exporting ONNX (opset {s.opset})")
+    export_onnx(model, s.output_name, onnx_path, s.opset)
+    del model
+    results = [compare("onnx", s.task, reference, _onnx_outputs(onnx_path, inputs, s.output_name), s.max_seq_len)]
+    if not s.skip_parity:
+        _check(results[0], planned, log)
+    ops = onnx_op_counts(onnx_path)
+    if "onnx" in entries:
+        configs.write_config(onnx_dir, configs.onnx_config(s, width))
+        if s.runtime == "python":
+            _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
+    if "trt" in entries:
+        trt_dir = staging / entries["trt"]
+        configs.write_config(trt_dir, configs.trt_config(s, width))
+        plan_path = trt_dir / "1" / "model.plan"
+        log(f"{s.name}: building the TensorRT FP16 engine (timing cache {planned.timing_cache})")
+        tensorrt_engine.build_engine(onnx_path, plan_path, tensorrt_engine.profile_shapes(s), planned.timing_cache,
+                                     s.trt_workspace_mib)
+        results.append(compare("trt_fp16", s.task, reference,
+                               tensorrt_engine.run_engine(plan_path, inputs, s.output_name), s.max_seq_len))
+        if not s.skip_parity:
+            _check(results[-1], planned, log)
+    if "onnx" not in entries:
+        shutil.rmtree(onnx_dir)
+    for fmt in s.formats:
+        ens_dir = staging / entries[f"{fmt}_ensemble"]
+        configs.write_config(ens_dir, configs.ensemble_config(s, fmt, width))
+        if s.task == "classify":
+            (ens_dir / configs.LABELS_FILE).write_text("".join(f"{label}\n" for label in s.labels or []))
+    return results, ops
+
+
+def _manifest(planned: PlannedBuild, parity: list[ParityResult], ops: dict[str, int]) -> Manifest:
+    s = planned.settings
+    return Manifest(
+        builder_version=__import__("builder").BUILDER_VERSION, fingerprint=planned.fingerprint,
+        source=planned.source.identity(), settings=s,
+        artifacts={role: name for role, name in planned.entries.items()},
+        versions=library_versions(), python=python_version(),
+        gpu=tensorrt_engine.gpu_name() if "trt" in s.formats else None,
+        parity=parity, onnx_ops=ops, built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+
+
+def _stale_entries(repository: Path, planned: PlannedBuild) -> list[str]:
+    """Existing entries of this NAME that the new build no longer produces (e.g. a dropped format)."""
+    wanted = set(planned.entries.values())
+    names = {planned.settings.name + suffix for suffix in ENTRY_SUFFIXES}
+    return sorted(n for n in names - wanted if (repository / n).exists())
+
+
+def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr) -> list[BuildOutcome]:
+    """Build every request into `repository`; all are published together, or none."""
+    names = [r.name for r in requests]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise BuildError(f"model name(s) used more than once: {', '.join(duplicates)}")
+    planned = [plan(request, log) for request in requests]
+    outcomes: list[BuildOutcome] = []
+    todo = []
+    for p in planned:
+        if is_up_to_date(p, repository):
+            outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=True))
+        else:
+            todo.append(p)
+    if not todo:
+        return outcomes
+    with staging_directory(repository) as staging:
+        entries: list[str] = []
+        stale: list[str] = []
+        for p in todo:
+            started = time.monotonic()
+            parity, ops = build_one(p, staging, log)
+            manifest = _manifest(p, parity, ops)
+            for entry in p.entries.values():
+                write_manifest(staging / entry, manifest)
+            entries += p.entries.values()
+            stale += _stale_entries(repository, p)
+            outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=False, parity=parity,
+                                         seconds=time.monotonic() - started))
+        publish(staging, repository, entries, stale)
+    return outcomes

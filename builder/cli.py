@@ -1,0 +1,99 @@
+"""Command line: `python -m builder build (--model M --task T --name N | --spec FILE) --repository DIR [options]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from builder.errors import BuildError
+from builder.settings import BuildRequest
+from builder.spec import format_validation_error, load_spec
+
+# Options shared by the CLI and spec entries (field name -> argparse keyword arguments).
+_MODEL_OPTIONS: dict[str, dict[str, Any]] = {
+    "model": {"help": "hub id or local directory"},
+    "task": {"help": "classify or embed"},
+    "name": {"help": "NAME of the repository entries (NAME_onnx, NAME_onnx_ensemble, ...)"},
+    "revision": {"help": "hub revision (branch, tag or commit)"},
+    "formats": {"help": "comma list of onnx,trt (default: onnx,trt when TensorRT is importable, else onnx)"},
+    "max_seq_len": {"type": int, "help": "default min(model limit, 512)"},
+    "max_batch_size": {"type": int, "help": "default 64"},
+    "device": {"choices": ["gpu", "cpu"], "help": "instance kind of the model step (default gpu)"},
+    "runtime": {"choices": ["native", "python"],
+                "help": "native: onnxruntime/tensorrt backends; python: python-backend onnxruntime runner"},
+    "pooling": {"choices": ["mean", "cls"], "help": "embed: default from the sentence-transformers config, else mean"},
+    "labels": {"help": "classify: comma list of label names (default config.id2label)"},
+    "length_buckets": {"help": "tokenizer padding buckets (default 16,32,64,128,256,512); one bucket = max-seq-len pads all"},
+    "max_queue_delay_us": {"type": int, "help": "dynamic batcher queue delay in microseconds (default 100)"},
+    "preferred_batch_sizes": {"help": "comma list (default powers of two up to max-batch-size)"},
+    "instances": {"type": int, "help": "instance count of the model step (default 1)"},
+    "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default 1)"},
+    "opset": {"type": int, "help": "ONNX opset (default 17)"},
+    "trt_opt_batch_size": {"type": int, "help": "TensorRT profile opt batch (default min(8, max-batch-size))"},
+    "trt_workspace_mib": {"type": int, "help": "TensorRT workspace limit (default 4096)"},
+    "trt_timing_cache": {"help": "TensorRT timing cache file reused across builds"},
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m builder", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="build models into a Triton model repository")
+    build.add_argument("--repository", required=True, type=Path, help="model repository directory")
+    build.add_argument("--spec", type=Path, help="YAML spec file listing several models")
+    for field_name, kwargs in _MODEL_OPTIONS.items():
+        build.add_argument("--" + field_name.replace("_", "-"), dest=field_name, default=None, **kwargs)
+    build.add_argument("--no-dynamic-batching", dest="dynamic_batching", action="store_const", const=False,
+                       default=None, help="disable Triton's dynamic batcher on the tokenizer and model steps")
+    build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,
+                       help="record parity numbers but publish even when they fail")
+    return parser
+
+
+
+
+def requests_from_args(args: argparse.Namespace) -> list[BuildRequest]:
+    """Build requests from `--spec` (CLI options act as extra defaults) or from the CLI options alone."""
+    options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in ("dynamic_batching", "skip_parity")}
+    given = {k: v for k, v in options.items() if v is not None}
+    if args.spec is not None:
+        if {"model", "task", "name"} & set(given):
+            raise BuildError("--spec cannot be combined with --model/--task/--name")
+        requests = load_spec(args.spec)
+        return [BuildRequest.model_validate({**r.model_dump(exclude_unset=True), **given}) for r in requests]
+    missing = [f"--{k}" for k in ("model", "task", "name") if k not in given]
+    if missing:
+        raise BuildError(f"missing {', '.join(missing)} (or give --spec FILE)")
+    try:
+        return [BuildRequest.model_validate(given)]
+    except ValidationError as exc:
+        raise BuildError(format_validation_error(exc, "bad option")) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 1 build error, 2 usage error)."""
+    args = _parser().parse_args(argv)
+    from builder.logs import quiet_libraries
+
+    quiet_libraries()
+    try:
+        from builder.build import build_all
+
+        requests = requests_from_args(args)
+        outcomes = build_all(requests, args.repository)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        print(f"error: {format_validation_error(exc, 'bad option')}", file=sys.stderr)
+        return 1
+    for outcome in outcomes:
+        if outcome.skipped:
+            print(f"{outcome.name}: up to date, nothing to do ({', '.join(outcome.entries)})")
+        else:
+            print(f"{outcome.name}: built {', '.join(outcome.entries)} in {outcome.seconds:.1f}s")
+    return 0

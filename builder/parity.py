@@ -1,0 +1,91 @@
+"""Parity of exported artifacts against PyTorch fp32 on a fixed set of sentences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+from transformers import PreTrainedTokenizerFast
+
+from builder.export import RepositoryModel
+
+# Short, long, truncated (longer than any max_seq_len), empty, non-ASCII.
+SENTENCES: tuple[str, ...] = (
+    "good",
+    "The movie was really good, I would see it again.",
+    "",
+    "안녕하세요, 이 영화 정말 좋아요!",
+    "这个电影很好看。",
+    "Ça marche très bien — naïve café, émojis 😀👍.",
+    " ".join(["a long sentence with many words that keeps going"] * 12),
+    " ".join(["truncated text beyond the limit of the model"] * 120),
+)
+
+ONNX_MIN_COSINE = 0.99999
+ONNX_MAX_ABS_DIFF = 1e-4
+TRT_MIN_COSINE = 0.999
+
+Runner = Callable[[dict[str, np.ndarray]], np.ndarray]
+
+
+class ParityResult(BaseModel):
+    """Numbers of one artifact against PyTorch fp32, and whether they pass the thresholds."""
+
+    artifact: str
+    sentences: int
+    max_seq_len: int
+    max_abs_diff: float
+    min_cosine: float
+    argmax_agree: bool | None  # classify only
+    passed: bool
+    thresholds: dict[str, float | str]
+
+    def summary(self) -> str:
+        agree = "" if self.argmax_agree is None else f", argmax agree={self.argmax_agree}"
+        return (f"{self.artifact}: max_abs_diff={self.max_abs_diff:.3g}, min_cosine={self.min_cosine:.8f}{agree} "
+                f"over {self.sentences} sentences (thresholds {self.thresholds})")
+
+
+def parity_inputs(tokenizer: PreTrainedTokenizerFast, max_seq_len: int) -> dict[str, np.ndarray]:
+    """The parity sentences as INT32 token tensors, truncated to max_seq_len and padded to the longest."""
+    batch = tokenizer(list(SENTENCES), truncation=True, max_length=max_seq_len, padding="longest",
+                      return_tensors="np", return_token_type_ids=True)
+    return {name: np.asarray(batch[name], dtype=np.int32) for name in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def torch_reference(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """PyTorch fp32 outputs for `inputs`."""
+    with torch.inference_mode():
+        out = model(*(torch.from_numpy(inputs[name]) for name in ("input_ids", "attention_mask", "token_type_ids")))
+    return out.float().numpy()
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
+    return (a64 * b64).sum(axis=1) / np.maximum(norms, 1e-30)
+
+
+def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarray, max_seq_len: int) -> ParityResult:
+    """Compare one artifact's outputs with the reference; thresholds depend on the artifact (onnx / trt_fp16)."""
+    if candidate.shape != reference.shape or not np.isfinite(candidate).all():
+        return ParityResult(artifact=artifact, sentences=len(reference), max_seq_len=max_seq_len,
+                            max_abs_diff=float("inf"), min_cosine=-1.0, argmax_agree=False if task == "classify" else None,
+                            passed=False, thresholds={"shape": str(reference.shape)})
+    diff = float(np.abs(candidate.astype(np.float64) - reference).max())
+    cosine = float(_cosines(reference, candidate).min())
+    agree = bool((reference.argmax(1) == candidate.argmax(1)).all()) if task == "classify" else None
+    if artifact == "onnx":
+        thresholds: dict[str, float | str] = (
+            {"max_abs_diff": ONNX_MAX_ABS_DIFF} if task == "classify" else {"min_cosine": ONNX_MIN_COSINE}
+        )
+        passed = diff <= ONNX_MAX_ABS_DIFF if task == "classify" else cosine >= ONNX_MIN_COSINE
+    else:
+        thresholds = {"min_cosine": TRT_MIN_COSINE}
+        if task == "classify":
+            thresholds["argmax"] = "equal"
+        passed = cosine >= TRT_MIN_COSINE and (agree is not False)
+    return ParityResult(artifact=artifact, sentences=len(reference), max_seq_len=max_seq_len, max_abs_diff=diff,
+                        min_cosine=cosine, argmax_agree=agree, passed=passed, thresholds=thresholds)

@@ -1,0 +1,99 @@
+"""Build settings: what the CLI options and spec-file entries hold, before and after defaults."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+Task = Literal["classify", "embed"]
+Format = Literal["onnx", "trt"]
+Device = Literal["gpu", "cpu"]
+Runtime = Literal["native", "python"]
+Pooling = Literal["mean", "cls"]
+
+DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+def _split_commas(value: Any) -> Any:
+    """Accept "a,b,c" (CLI, environment) as well as a list (YAML)."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    return value
+
+
+CommaList = BeforeValidator(_split_commas)
+
+
+class BuildRequest(BaseModel):
+    """One model to build, as the user gave it (None = take the default from the model)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(min_length=1, description="hub id or local directory")
+    task: str = Field(description="classify or embed")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", description="NAME of the repository entries")
+    revision: str | None = None
+    formats: Annotated[list[Format] | None, CommaList] = None
+    max_seq_len: int | None = Field(default=None, gt=0)
+    max_batch_size: int = Field(default=64, gt=0)
+    device: Device = "gpu"
+    runtime: Runtime = "native"
+    pooling: Pooling | None = None
+    labels: Annotated[list[str] | None, CommaList] = None
+    length_buckets: Annotated[list[int], CommaList] = Field(default_factory=lambda: list(DEFAULT_LENGTH_BUCKETS))
+    dynamic_batching: bool = True
+    max_queue_delay_us: int = Field(default=100, ge=0)
+    preferred_batch_sizes: Annotated[list[int] | None, CommaList] = None
+    instances: int = Field(default=1, gt=0, description="instances of the model step (onnx / trt)")
+    tokenizer_instances: int = Field(default=1, gt=0)
+    opset: int = Field(default=17, ge=14)
+    trt_opt_batch_size: int | None = Field(default=None, gt=0)
+    trt_workspace_mib: int = Field(default=4096, gt=0)
+    trt_timing_cache: str | None = None
+    skip_parity: bool = False
+
+
+class ResolvedSettings(BaseModel):
+    """Every setting with its default filled in from the model; the manifest records these."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str
+    revision: str | None
+    task: Task
+    name: str
+    formats: list[Format]
+    max_seq_len: int
+    max_batch_size: int
+    device: Device
+    runtime: Runtime
+    pooling: Pooling | None
+    labels: list[str] | None
+    length_buckets: list[int]
+    dynamic_batching: bool
+    max_queue_delay_us: int
+    preferred_batch_sizes: list[int]
+    instances: int
+    tokenizer_instances: int
+    opset: int
+    trt_opt_batch_size: int
+    trt_workspace_mib: int
+    skip_parity: bool
+
+    @property
+    def output_name(self) -> str:
+        return "logits" if self.task == "classify" else "embeddings"
+
+
+def effective_buckets(buckets: list[int], max_seq_len: int) -> list[int]:
+    """The bucket list capped at max_seq_len, always ending with max_seq_len."""
+    return sorted({min(b, max_seq_len) for b in buckets if b > 0} | {max_seq_len})
+
+
+def default_preferred_batch_sizes(max_batch_size: int) -> list[int]:
+    """Powers of two from 4 up to max_batch_size, plus max_batch_size itself."""
+    sizes = [s for s in (4, 8, 16, 32, 64, 128, 256) if s < max_batch_size]
+    return sizes + [max_batch_size]

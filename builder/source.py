@@ -1,0 +1,159 @@
+"""Find the model (local directory or hub id through the Hugging Face cache) and check it is usable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
+
+from builder.errors import BuildError
+
+# Encoder-only families whose sequence-classification / base models export with the 3-tensor interface.
+ENCODER_TYPES = frozenset(
+    {
+        "bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "albert", "mpnet",
+        "deberta", "deberta-v2", "ernie", "xlm", "megatron-bert", "rembert", "roformer", "nezha",
+        "mobilebert", "squeezebert", "funnel", "layoutlm", "luke", "data2vec-text", "xmod", "bge-m3",
+        "modernbert", "nomic_bert", "new", "jina_bert",
+    }
+)
+# Families whose position ids start after padding_idx (max_position_embeddings - padding_idx - 1 usable).
+OFFSET_POSITION_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "data2vec-text", "xmod", "luke"})
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$|^[A-Za-z0-9][\w.\-]*$")
+HUB_PATTERNS = [
+    "*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "sentencepiece*", "*.spm",
+]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model on local disk, with what identifies its exact version."""
+
+    spec: str  # what the user gave (hub id or path)
+    path: Path
+    revision: str | None  # hub commit hash; None for local directories
+    file_hashes: dict[str, str]  # local directories: relative path -> sha256
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerFast
+
+    def identity(self) -> dict[str, Any]:
+        """What the manifest records as the source, and what a rebuild decision depends on."""
+        if self.revision is not None:
+            return {"id": self.spec, "revision": self.revision}
+        return {"path": str(self.path), "files": self.file_hashes}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def hash_directory(path: Path) -> dict[str, str]:
+    """sha256 of every file under `path` (hidden files skipped), keyed by relative path."""
+    return {
+        str(f.relative_to(path)): _sha256(f)
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts)
+    }
+
+
+def _download(model: str, revision: str | None) -> tuple[Path, str]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        local = Path(snapshot_download(repo_id=model, revision=revision, allow_patterns=HUB_PATTERNS))
+    except RepositoryNotFoundError:
+        raise BuildError(f"unknown model id {model!r}: not found on the Hugging Face hub (or needs HF_TOKEN)") from None
+    except LocalEntryNotFoundError:
+        raise BuildError(f"cannot fetch model {model!r}: the hub is unreachable and it is not in the HF cache") from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise BuildError(f"cannot fetch model {model!r}: {str(exc).splitlines()[0]}") from None
+    return local, local.name  # snapshots/<commit hash>
+
+
+def resolve_source(model: str, revision: str | None = None) -> ModelSource:
+    """Load config and fast tokenizer of `model`; raise BuildError if it is not a usable encoder."""
+    path = Path(model).expanduser()
+    if path.exists() or model.startswith((".", "/", "~")):
+        if not path.is_dir():
+            raise BuildError(f"model path {model!r} is not a readable directory")
+        if not (path / "config.json").is_file():
+            raise BuildError(f"model path {model!r} has no config.json: not a Hugging Face model directory")
+        try:
+            hashes = hash_directory(path)
+        except OSError as exc:
+            raise BuildError(f"model path {model!r} is not readable: {exc.strerror}") from None
+        commit = None
+        path = path.resolve()
+    elif HUB_ID.match(model):
+        path, commit = _download(model, revision)
+        hashes = {}
+    else:
+        raise BuildError(f"model {model!r} is neither an existing directory nor a hub id")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise BuildError(f"cannot read the config of {model!r}: {str(exc).splitlines()[0]}") from None
+    if config.model_type not in ENCODER_TYPES or getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+        raise BuildError(f"model {model!r} is a {config.model_type!r} model, not a supported encoder (BERT family)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - tokenizer loading raises many types
+        raise BuildError(f"cannot load the tokenizer of {model!r}: {str(exc).splitlines()[0]}") from None
+    if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise BuildError(f"model {model!r} has no fast (Rust `tokenizers`) tokenizer; one is required")
+    return ModelSource(model, path, commit, hashes, config, tokenizer)
+
+
+def model_max_seq_len(source: ModelSource) -> int:
+    """The longest sequence the model accepts (position embeddings, tokenizer limit)."""
+    limit = int(getattr(source.config, "max_position_embeddings", 512) or 512)
+    if source.config.model_type in OFFSET_POSITION_TYPES:
+        limit -= int(getattr(source.config, "pad_token_id", 1) or 1) + 1
+    tok_limit = int(getattr(source.tokenizer, "model_max_length", 0) or 0)
+    if 0 < tok_limit < 1_000_000:
+        limit = min(limit, tok_limit)
+    return limit
+
+
+def sentence_transformers_pooling(path: Path) -> str | None:
+    """`mean` or `cls` from a sentence-transformers `*_Pooling/config.json`, if the model has one."""
+    candidates = sorted(path.glob("*Pooling/config.json"))
+    modules = path / "modules.json"
+    if modules.is_file():
+        try:
+            for module in json.loads(modules.read_text()):
+                if str(module.get("type", "")).endswith("Pooling"):
+                    candidates.insert(0, path / module.get("path", "") / "config.json")
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    for candidate in candidates:
+        if candidate.is_file():
+            data = json.loads(candidate.read_text())
+            if data.get("pooling_mode_cls_token"):
+                return "cls"
+            if data.get("pooling_mode_mean_tokens"):
+                return "mean"
+    return None
+
+
+def config_labels(config: PretrainedConfig) -> list[str] | None:
+    """Label names in index order from `config.id2label`, or None when the model has no labels."""
+    id2label = getattr(config, "id2label", None) or {}
+    if not id2label:
+        return None
+    return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(len(id2label))]
+
+
+def has_classification_head(config: PretrainedConfig) -> bool:
+    """True when the checkpoint declares a sequence-classification architecture."""
+    return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))

@@ -1,0 +1,1 @@
+"""model.py files of the python-backend models the builder copies into the repository."""

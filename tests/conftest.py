@@ -1,0 +1,50 @@
+"""Session fixtures shared by every test package: tiny local models, the builder's python-runtime
+repository built from them, and a real tritonserver serving it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devstack.tritonserver import TritonServer
+from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
+from tests.fixtures.tiny_models import write_tiny_classifier, write_tiny_embedder
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 3-label (negative/neutral/positive) BERT classifier saved like a hub checkpoint."""
+    return write_tiny_classifier(tmp_path_factory.mktemp("tiny_classifier"))
+
+
+@pytest.fixture(scope="session")
+def tiny_embedder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random BERT encoder with a sentence-transformers mean-pooling config."""
+    return write_tiny_embedder(tmp_path_factory.mktemp("tiny_embedder"))
+
+
+@pytest.fixture(scope="session")
+def python_repository(tiny_classifier_dir: Path, tiny_embedder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tinycls` (classify) + `tinyemb` (embed) built with --runtime python --formats onnx --device cpu,
+    max_seq_len 64, max_batch_size 8."""
+    repository = tmp_path_factory.mktemp("python_repository") / "model_repository"
+    build_repository(
+        repository,
+        [
+            {"model": str(tiny_classifier_dir), "task": "classify", "name": "tinycls"},
+            {"model": str(tiny_embedder_dir), "task": "embed", "name": "tinyemb"},
+        ],
+        **PYTHON_CPU,
+        **TINY_LIMITS,
+    )
+    return repository
+
+
+@pytest.fixture(scope="session")
+def triton_server(python_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A real tritonserver serving `python_repository` (log in a tmp dir: `server.log_path`)."""
+    log = tmp_path_factory.mktemp("triton_logs") / "tritonserver.log"
+    with TritonServer(repository=python_repository, log_path=log) as server:
+        yield server
