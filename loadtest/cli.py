@@ -78,9 +78,9 @@ def cmd_corpus(args: argparse.Namespace) -> int:
         print(f"tokens per text: min {lengths[0]} p10 {q[10]} p50 {q[50]} p90 {q[90]} p99 {q[99]} max {lengths[-1]}; "
               f"over 512: {sum(x > 512 for x in lengths) / len(lengths):.1%}", file=sys.stderr)
     if args.perf_analyzer:
-        # perf_analyzer --input-data: one entry per request, a BYTES tensor [batch, 1] named "text".
-        data = [{"text": {"content": texts[i:i + args.batch], "shape": [args.batch, 1] if args.batch > 1 else [1]}}
-                for i in range(0, len(texts) - args.batch + 1, args.batch)]
+        # perf_analyzer --input-data: one entry per text, a BYTES tensor [1] named "text" (perf_analyzer's
+        # -b N makes requests of N entries).
+        data = [{"text": {"content": [t], "shape": [1]}} for t in texts]
         out = json.dumps({"data": data}, ensure_ascii=False)
     else:
         out = "\n".join(json.dumps(t, ensure_ascii=False) for t in texts)
@@ -111,7 +111,6 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("corpus", help="write the corpus (JSON lines) or perf_analyzer --input-data JSON")
     c.add_argument("--size", type=int, default=2000)
     c.add_argument("--seed", type=int, default=1234)
-    c.add_argument("--batch", type=int, default=1, help="perf_analyzer: texts per request")
     c.add_argument("--perf-analyzer", action="store_true", help="write perf_analyzer --input-data JSON")
     c.add_argument("--tokenizer", type=Path, help="tokenizer.json: print the token-length distribution")
     c.add_argument("--output", "-o", type=Path)

@@ -50,11 +50,12 @@ def make_bert(path: Path, task: Task, shape: str = "small", num_labels: int = 3,
 
     path.mkdir(parents=True, exist_ok=True)
     vocab_file = path / "vocab.txt"
-    vocab_file.write_text("\n".join(vocabulary()) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True,
+    vocab = vocabulary()
+    vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True, strip_accents=False,
                                   model_max_length=SHAPES[shape].max_positions)
     s = SHAPES[shape]
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=s.hidden, num_hidden_layers=s.layers,
+    config = BertConfig(vocab_size=len(vocab), hidden_size=s.hidden, num_hidden_layers=s.layers,
                         num_attention_heads=s.heads, intermediate_size=s.intermediate,
                         max_position_embeddings=s.max_positions, num_labels=num_labels,
                         id2label={i: f"label_{i}" for i in range(num_labels)},
