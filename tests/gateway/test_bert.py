@@ -1,0 +1,91 @@
+"""The gateway on the builder's tiny BERT repository (--runtime python): results equal PyTorch's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+from devstack.tritonserver import TritonServer
+from tests.gateway.conftest import running_gateway
+
+pytestmark = pytest.mark.anyio
+
+TEXTS = [
+    "the movie was great",
+    "terrible plot and bad acting",
+    "it was fine i guess",
+    "",
+    "hello world " * 40,  # over max_seq_len: truncated
+    "a",
+    "one more sentence to make seven",
+]
+
+
+def reference(model_dir: Path, texts: list[str], max_len: int, task: str, pooling: str = "mean") -> np.ndarray:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+    with torch.no_grad():
+        if task == "classify":
+            logits = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()(**enc).logits
+            return torch.softmax(logits, dim=-1).numpy()
+        hidden = AutoModel.from_pretrained(model_dir).eval()(**enc).last_hidden_state
+    if pooling == "cls":
+        return hidden[:, 0].numpy()
+    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    return ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)).numpy()
+
+
+@pytest.mark.parametrize("shm", ["system", "none"])
+async def test_classify_matches_pytorch(triton_server: TritonServer, tiny_classifier_dir: Path, shm: str) -> None:
+    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwbertc{shm}") as (_, client):
+        card = next(m for m in (await client.get("/v1/models")).json()["data"] if m["id"] == "tinycls")
+        r = await client.post("/classify", json={"model": "tinycls", "inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    labels = card["labels"]
+    assert labels == ["negative", "neutral", "positive"]
+    got = np.array([[p["scores"][label] for label in labels] for p in r.json()["predictions"]])
+    want = reference(tiny_classifier_dir, TEXTS, card["max_tokens"], "classify")
+    assert want.std(axis=0).max() > 1e-3  # inputs give different scores, so order mistakes would show
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert [p["label"] for p in r.json()["predictions"]] == [labels[i] for i in want.argmax(1)]
+
+
+@pytest.mark.parametrize("shm", ["system", "none"])
+async def test_embed_matches_pytorch(triton_server: TritonServer, tiny_embedder_dir: Path, shm: str) -> None:
+    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwberte{shm}") as (_, client):
+        card = next(m for m in (await client.get("/v1/models")).json()["data"] if m["id"] == "tinyemb")
+        raw = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS, "normalize": False})
+        unit = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS})
+    assert raw.status_code == unit.status_code == 200, raw.text
+    want = reference(tiny_embedder_dir, TEXTS, card["max_tokens"], "embed", card["pooling"])
+    assert raw.json()["dimensions"] == card["dimensions"] == want.shape[1]
+    assert want.std(axis=0).max() > 1e-2
+    np.testing.assert_allclose(np.array(raw.json()["embeddings"]), want, atol=1e-4)
+    np.testing.assert_allclose(
+        np.array(unit.json()["embeddings"]), want / np.linalg.norm(want, axis=1, keepdims=True), atol=1e-4
+    )
+
+
+async def test_order_for_300_inputs_and_truncate_false(triton_server: TritonServer, tiny_classifier_dir: Path) -> None:
+    texts = [f"sentence {i} " + "word " * (i % 13) for i in range(300)]
+    async with running_gateway(triton_server.grpc_url, shm_prefix="gwbert300") as (_, client):
+        many = await client.post("/classify", json={"model": "tinycls", "inputs": texts})
+        one_by_one = [
+            (await client.post("/classify", json={"model": "tinycls", "inputs": t})).json()["predictions"][0]
+            for t in texts[:: 37]
+        ]
+        too_long = await client.post("/classify", json={"model": "tinycls", "inputs": ["ok", "word " * 200], "truncate": False})
+    assert many.status_code == 200 and len(many.json()["predictions"]) == 300
+    for i, single in zip(range(0, 300, 37), one_by_one):
+        np.testing.assert_allclose(
+            list(many.json()["predictions"][i]["scores"].values()), list(single["scores"].values()), atol=1e-5
+        )
+    want = reference(tiny_classifier_dir, texts, 64, "classify")
+    assert want.std(axis=0).max() > 1e-3
+    got = np.array([list(p["scores"].values()) for p in many.json()["predictions"]])
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert too_long.status_code == 413 and too_long.json()["error"]["type"] == "input_too_long"
