@@ -87,12 +87,16 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[s
     labels: list[str] | None = None
     pooling = None
     if request.task == "classify":
-        if not has_classification_head(source.config):
-            raise BuildError(f"{request.name}: model {request.model!r} has no sequence-classification head; use --task embed")
-        labels = request.labels or config_labels(source.config)
-        num_labels = int(source.config.num_labels)
-        if labels is None or len(labels) != num_labels:
-            raise BuildError(f"{request.name}: {len(labels or [])} labels given but the model has {num_labels} outputs")
+        if has_classification_head(source.config):
+            labels = request.labels or config_labels(source.config)
+            num_labels = int(source.config.num_labels)
+            if labels is None or len(labels) != num_labels:
+                raise BuildError(f"{request.name}: {len(labels or [])} labels given but the model's head has {num_labels} outputs")
+        elif request.labels:
+            labels = request.labels
+        else:
+            raise BuildError(f"{request.name}: {request.model!r} has no sequence-classification head; "
+                             "give --labels to add a new (random) head, or use --task embed")
     else:
         pooling = request.pooling or sentence_transformers_pooling(source.path) or "mean"
     if any(b <= 0 for b in request.length_buckets):
@@ -112,10 +116,14 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[s
     )
 
 
-def plan(request: BuildRequest, log: Log) -> PlannedBuild:
-    formats = resolve_formats(request, log)
+def plan(request: BuildRequest, notices: list[str]) -> PlannedBuild:
+    """Resolve one request against its checkpoint; problems raise BuildError, remarks go to `notices`."""
     source = resolve_source(request.model, request.revision)
+    formats = resolve_formats(request, notices.append)
     settings = resolve_settings(request, source, formats)
+    if settings.task == "classify" and not has_classification_head(source.config):
+        notices.append(f"notice: {settings.name}: {settings.model!r} has no trained classification head; "
+                       f"its {len(settings.labels or [])}-label head is randomly initialised (seed 0)")
     cache = Path(request.trt_timing_cache) if request.trt_timing_cache else tensorrt_engine.default_timing_cache()
     return PlannedBuild(source, settings, fingerprint(source.identity(), settings),
                         configs.model_names(settings.name, formats), cache)
@@ -221,7 +229,10 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise BuildError(f"model name(s) used more than once: {', '.join(duplicates)}")
-    planned = [plan(request, log) for request in requests]
+    notices: list[str] = []
+    planned = [plan(request, notices) for request in requests]
+    for notice in notices:
+        log(notice)
     outcomes: list[BuildOutcome] = []
     todo = []
     for p in planned:

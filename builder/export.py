@@ -52,6 +52,11 @@ def load_repository_model(path: Path, settings: ResolvedSettings, attn_implement
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     loader = AutoModelForSequenceClassification if settings.task == "classify" else AutoModel
+    if settings.task == "classify" and settings.labels:
+        kwargs["num_labels"] = len(settings.labels)
+        kwargs["id2label"] = dict(enumerate(settings.labels))
+        kwargs["label2id"] = {label: i for i, label in enumerate(settings.labels)}
+    torch.manual_seed(0)  # a newly added head (base checkpoint) is the same on every build
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
