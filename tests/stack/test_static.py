@@ -1,0 +1,192 @@
+"""Static checks of the stack files with the real tools: Compose v2 `config` (GPU stack, CPU
+variant, all-local variant), hadolint on every Dockerfile, promtool on the Prometheus config and
+on every dashboard query, and .env.example against the variables the Compose files use."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.stack.tools import (
+    COMPOSE_FILES,
+    REPO_ROOT,
+    clean_environment,
+    compose_command,
+    ensure_tools,
+    hadolint_binary,
+    promtool_binary,
+)
+
+ENV_EXAMPLE = REPO_ROOT / ".env.example"
+DASHBOARD = REPO_ROOT / "monitoring" / "grafana" / "dashboards" / "bert-serving.json"
+PROMETHEUS_CONFIG = REPO_ROOT / "monitoring" / "prometheus" / "prometheus.yml"
+DOCKERFILES = sorted((REPO_ROOT / "docker").glob("*/Dockerfile*"))
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tools() -> None:
+    ensure_tools()
+
+
+def env_example() -> dict[str, str]:
+    """KEY=value lines of .env.example (comments and commented-out lines skipped)."""
+    values: dict[str, str] = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+def compose_config(variant: str, env_file: Path) -> dict[str, Any]:
+    """The model Compose resolves for a variant (raises with Compose's message when invalid)."""
+    out = subprocess.run(
+        compose_command(variant, "config", "--format", "json", env_file=env_file),
+        capture_output=True,
+        text=True,
+        env=clean_environment(),
+        cwd=REPO_ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
+    return service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+@pytest.mark.parametrize("env_file", [ENV_EXAMPLE, Path("/dev/null")], ids=["env-example", "no-env"])
+def test_gpu_stack_config(env_file: Path) -> None:
+    services = compose_config("gpu", env_file)["services"]
+    assert set(services) == {"builder", "triton", "gateway", "prometheus", "grafana"}
+    for name in ("builder", "triton"):
+        (device,) = gpu_devices(services[name])
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["device_ids"] == ["0"]
+    assert services["builder"]["build"]["args"]["BASE_IMAGE"] == "nvcr.io/nvidia/tensorrt:24.12-py3"
+    # Same NGC release for the engine builder and the server that loads the engines.
+    assert services["triton"]["build"]["args"]["BASE_IMAGE"] == "nvcr.io/nvidia/tritonserver:24.12-py3"
+    assert services["triton"]["depends_on"]["builder"]["condition"] == "service_completed_successfully"
+    assert services["gateway"]["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert services["triton"]["ipc"] == "shareable" and services["gateway"]["ipc"] == "service:triton"
+    assert "/v2/health/ready" in (REPO_ROOT / "docker/triton/healthcheck.py").read_text()
+    assert "/readyz" in (REPO_ROOT / "docker/gateway/healthcheck.py").read_text()
+    assert services["triton"]["shm_size"] and services["gateway"]["healthcheck"]["test"]
+    volumes = {v["target"]: v for v in services["triton"]["volumes"]}
+    assert volumes["/models"]["source"] == "model_repository" and volumes["/models"]["read_only"]
+    assert {v["target"] for v in services["builder"]["volumes"]} >= {"/models", "/cache/huggingface", "/cache/tensorrt"}
+    for service in services.values():
+        for port in service.get("ports", []):
+            assert port["host_ip"] == "127.0.0.1", f"{port} is not published on 127.0.0.1 only"
+    assert services["builder"]["environment"]["MODEL_FORMATS"] == "onnx,trt"
+
+
+@pytest.mark.parametrize("variant", ["cpu", "local"])
+def test_cpu_variants_config(variant: str) -> None:
+    services = compose_config(variant, ENV_EXAMPLE)["services"]
+    for name, service in services.items():
+        assert not gpu_devices(service), f"{variant}: {name} still reserves a GPU"
+    env = services["builder"]["environment"]
+    assert env["MODEL_DEVICE"] == "cpu" and env["MODEL_FORMATS"] == "onnx"
+    assert "--allow-gpu-metrics=false" in services["triton"]["command"]
+    if variant == "local":
+        assert env["MODEL_RUNTIME"] == "python"  # the wheel's tritonserver has only the python backend
+        assert services["triton"]["build"]["dockerfile"] == "docker/triton/Dockerfile.pytriton"
+        for name in ("builder", "triton", "gateway", "prometheus"):
+            assert services[name]["build"]["args"]["BASE_IMAGE"] == "local/debian-python:bookworm"
+        assert "grafana" not in services  # only with --profile grafana: no local Grafana image
+
+
+def test_env_example_documents_every_compose_variable() -> None:
+    documented = env_example()
+    commented = {
+        line.lstrip("#").split("=", 1)[0] for line in ENV_EXAMPLE.read_text().splitlines() if line.startswith("#") and "=" in line
+    }
+    for name in sorted({n for files in COMPOSE_FILES.values() for n in files}):
+        for var, default in _VARIABLE.findall((REPO_ROOT / name).read_text()):
+            assert var in documented, f"{name} uses ${{{var}}} but .env.example does not document it"
+            if default:
+                assert documented[var] == default, f"{var}: .env.example says {documented[var]!r}, {name} defaults to {default!r}"
+    assert {"COMPOSE_FILE"} <= commented
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_hadolint(dockerfile: Path) -> None:
+    out = subprocess.run([hadolint_binary(), "--no-color", str(dockerfile)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_dockerfile_takes_its_base_from_a_build_argument() -> None:
+    assert len(DOCKERFILES) >= 5
+    for dockerfile in DOCKERFILES:
+        froms = [l.split()[1] for l in dockerfile.read_text().splitlines() if l.startswith("FROM ")]
+        assert froms and all(f == "${BASE_IMAGE}" for f in froms), f"{dockerfile}: FROM {froms}"
+
+
+def test_promtool_check_config() -> None:
+    out = subprocess.run([promtool_binary(), "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"]}
+    assert jobs == {"gateway": ["gateway:8080"], "triton": ["triton:8002"]}
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the provisioned dashboard."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [t["expr"] for p in panels for t in p.get("targets", [])]
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    """promtool parses every query (as a recording rule), with Grafana's $__rate_interval filled in."""
+    queries = dashboard_queries()
+    assert len(queries) >= 20
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"dashboard:q{i}", "expr": q.replace("$__rate_interval", "1m")} for i, q in enumerate(queries)],
+            }
+        ]
+    }
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    out = subprocess.run([promtool_binary(), "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_grafana_provisioning_matches_the_dashboard() -> None:
+    provisioning = REPO_ROOT / "monitoring" / "grafana" / "provisioning"
+    (datasource,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert datasource["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "dashboards.yml").read_text())["providers"]
+    gpu = compose_config("gpu", ENV_EXAMPLE)["services"]["grafana"]
+    mounts = {v["target"]: v["source"] for v in gpu["volumes"]}
+    assert Path(mounts[provider["options"]["path"]]) == DASHBOARD.parent
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    for panel in panels:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == datasource["uid"], panel["title"]
+    titles = " | ".join(p["title"] for p in panels).lower()
+    for topic in ("request rate", "latency", "errors", "inputs per request", "queue", "compute", "batch size", "gpu utilisation", "gpu memory"):
+        assert topic in titles, f"dashboard has no panel about {topic}"
+
+
+def test_models_spec_resolves_for_gpu_and_cpu() -> None:
+    """The default models.yaml through the builder's own spec loader, as the builder container sees it."""
+    from builder.spec import load_spec
+
+    spec = REPO_ROOT / "models.yaml"
+    gpu = {s.name: s for s in load_spec(spec, {})}
+    assert gpu["kcbert"].model == "beomi/kcbert-large" and gpu["kcbert"].task == "classify"
+    assert gpu["kcbert"].labels == ["negative", "neutral", "positive"]
+    assert gpu["m3e"].model == "moka-ai/m3e-base" and gpu["m3e"].task == "embed"
+    assert all(s.device == "gpu" and s.formats == ["onnx", "trt"] for s in gpu.values())
+    cpu = load_spec(spec, {"MODEL_DEVICE": "cpu", "MODEL_FORMATS": "onnx", "EMBED_MODEL": "/local/emb"})
+    assert all(s.device == "cpu" and s.formats == ["onnx"] for s in cpu)
+    assert cpu[1].model == "/local/emb"
