@@ -67,6 +67,11 @@ def served(repo: Path) -> tuple[str, str, str, int]:
     return folder, config.parameters["model_name"].string_value, config.parameters["task"].string_value, config.max_batch_size
 
 
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN when b is 0 (a step that completed nothing)."""
+    return a / b if b else float("nan")
+
+
 def find(steps: list[StepResult], label: str, **settings: object) -> StepResult:
     for s in steps:
         if s.label == label and all(getattr(s.settings, k) == v for k, v in settings.items()):
@@ -110,8 +115,8 @@ def gateway_and_shm(bench: Bench, texts: list[str], machine: Machine) -> list[Ru
             "p99 added at c=1 (ms)": g1.latency_ms.p99 - d1.latency_ms.p99,
             "p50 added at c=32 (ms)": g32.latency_ms.p50 - d32.latency_ms.p50,
             "p99 added at c=32 (ms)": g32.latency_ms.p99 - d32.latency_ms.p99,
-            "throughput gateway/direct at c=1": g1.throughput_rps / d1.throughput_rps,
-            "throughput gateway/direct at c=32": g32.throughput_rps / d32.throughput_rps,
+            "throughput gateway/direct at c=1": ratio(g1.throughput_rps, d1.throughput_rps),
+            "throughput gateway/direct at c=32": ratio(g32.throughput_rps, d32.throughput_rps),
         }
         notes1 = [f"targets: p50 added <= 1 ms at c=1 ({ratios1['p50 added at c=1 (ms)']:.2f}), "
                   f"throughput >= 0.80 of direct at c=32 ({ratios1['throughput gateway/direct at c=32']:.2f})",
@@ -128,12 +133,12 @@ def gateway_and_shm(bench: Bench, texts: list[str], machine: Machine) -> list[Ru
         ratios2 = {}
         for batch, tag in ((1, "1 text"), (256, "256 texts")):
             s, n = find(steps2, "gateway shm", batch=batch), find(steps2, "gateway grpc", batch=batch)
-            ratios2[f"gateway {tag}: p50 shm/grpc"] = s.latency_ms.p50 / n.latency_ms.p50
-            ratios2[f"gateway {tag}: throughput shm/grpc"] = s.throughput_rps / n.throughput_rps
+            ratios2[f"gateway {tag}: p50 shm/grpc"] = ratio(s.latency_ms.p50, n.latency_ms.p50)
+            ratios2[f"gateway {tag}: throughput shm/grpc"] = ratio(s.throughput_rps, n.throughput_rps)
         for batch in (1, big):
             s, n = find(steps2, "direct shm", batch=batch), find(steps2, "direct grpc", batch=batch)
-            ratios2[f"direct {batch} text(s): p50 shm/grpc"] = s.latency_ms.p50 / n.latency_ms.p50
-            ratios2[f"direct {batch} text(s): throughput shm/grpc"] = s.throughput_rps / n.throughput_rps
+            ratios2[f"direct {batch} text(s): p50 shm/grpc"] = ratio(s.latency_ms.p50, n.latency_ms.p50)
+            ratios2[f"direct {batch} text(s): throughput shm/grpc"] = ratio(s.throughput_rps, n.throughput_rps)
         notes2 = [f"direct requests are capped at the ensemble's max_batch_size ({max_batch}); the gateway "
                   "splits 256-text requests itself"] if big < 256 else []
         rec2 = _record(bench, "2-shm-vs-grpc", "System shared memory vs tensors in the gRPC message, "
@@ -161,7 +166,8 @@ def bucketing(bench: Bench, texts: list[str], machine: Machine) -> RunRecord:
     plan = [bench.step(concurrency=c) for c in (1, 16)]
     steps = _direct_pair(bench, texts, {"buckets": bench.repository, "max-length": padded}, plan)
     ratios = {f"throughput buckets/max-length at c={c}":
-              find(steps, "buckets", concurrency=c).throughput_rps / find(steps, "max-length", concurrency=c).throughput_rps
+              ratio(find(steps, "buckets", concurrency=c).throughput_rps,
+                    find(steps, "max-length", concurrency=c).throughput_rps)
               for c in (1, 16)}
     tok = [n for n, c in ((p.parent.name, read_config(p.parent)) for p in bench.repository.glob("*/config.pbtxt"))
            if "length_buckets" in c.parameters]
@@ -176,10 +182,11 @@ def dynamic_batching(bench: Bench, texts: list[str], machine: Machine) -> RunRec
     off = without_dynamic_batching(bench.repository, bench.work / "repo-nobatch")
     plan = [bench.step(concurrency=c) for c in (1, 64)]
     steps = _direct_pair(bench, texts, {"dynamic batching": bench.repository, "no batching": off}, plan)
-    ratio = find(steps, "dynamic batching", concurrency=64).throughput_rps / find(steps, "no batching", concurrency=64).throughput_rps
+    on_off = ratio(find(steps, "dynamic batching", concurrency=64).throughput_rps,
+                   find(steps, "no batching", concurrency=64).throughput_rps)
     return _record(bench, "4-dynamic-batching", "Dynamic batching on (as built) vs removed from every "
                    "non-ensemble model, direct gRPC single texts.", machine, steps,
-                   {"throughput on/off at c=64": ratio}, ["target: >= 3x at concurrency 64"], {})
+                   {"throughput on/off at c=64": on_off}, ["target: >= 3x at concurrency 64"], {})
 
 
 BENCHMARKS: dict[str, Callable[[Bench, list[str], Machine], object]] = {

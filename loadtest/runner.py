@@ -21,8 +21,12 @@ Progress = Callable[[int, float], None]  # (requests done so far, seconds elapse
 
 
 class _Recorder:
+    """Counts requests that START inside [start, end]; each is awaited to completion, so a request
+    longer than the window still counts, and the window stretches to the last such completion."""
+
     def __init__(self, start: float, end: float) -> None:
         self.start, self.end = start, end
+        self.last = end
         self.latencies: list[float] = []
         self.errors = 0
         self.dropped = 0
@@ -31,8 +35,13 @@ class _Recorder:
 
     def ok(self, t0: float, t1: float) -> None:
         self.done += 1
-        if self.start <= t0 and t1 <= self.end:
+        if self.start <= t0 <= self.end:
             self.latencies.append(t1 - t0)
+            self.last = max(self.last, t1)
+
+    @property
+    def window(self) -> float:
+        return self.last - self.start
 
     def fail(self, t0: float, exc: BaseException) -> None:
         self.done += 1
@@ -122,7 +131,7 @@ async def _run_local(
     finally:
         await target.close()
     return RawStep(latencies_s=rec.latencies, errors=rec.errors, dropped=rec.dropped,
-                   window_s=s.duration_s, cpu_s=cpu, calls=rec.done, error_samples=rec.samples)
+                   window_s=rec.window, cpu_s=cpu, calls=rec.done, error_samples=rec.samples)
 
 
 async def _tick(rec: _Recorder, begin: float, progress: Progress) -> None:

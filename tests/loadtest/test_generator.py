@@ -26,7 +26,7 @@ def test_closed_loop_on_each_gateway_endpoint(lt_stack: LocalStack, endpoint: st
     result = run_step(endpoint, GatewaySpec(url=lt_stack.gateway.url, endpoint=endpoint, model=model), SHORT, TEXTS)
     assert result.errors == 0, result.error_samples
     assert result.requests >= 10
-    assert result.throughput_rps == pytest.approx(result.requests / 1.5)
+    assert 1.5 <= result.window_s < 3 and result.throughput_rps == pytest.approx(result.requests / result.window_s)
     assert 0 < result.latency_ms.p50 <= result.latency_ms.p99 <= result.latency_ms.max
     assert result.client_cpu_us_per_request > 0
 
