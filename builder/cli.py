@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -22,10 +22,9 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "formats": {"help": "comma list of onnx,trt (default: onnx,trt when TensorRT is importable, else onnx)"},
     "max_seq_len": {"type": int, "help": "default min(model limit, 512)"},
     "max_batch_size": {"type": int, "help": "default 64"},
-    "device": {"choices": ["gpu", "cpu"], "help": "instance kind of the model step (default gpu)"},
-    "runtime": {"choices": ["native", "python"],
-                "help": "native: onnxruntime/tensorrt backends; python: python-backend onnxruntime runner"},
-    "pooling": {"choices": ["mean", "cls"], "help": "embed: default from the sentence-transformers config, else mean"},
+    "device": {"help": "instance kind of the model step (default gpu)"},
+    "runtime": {"help": "native: onnxruntime/tensorrt backends; python: python-backend onnxruntime runner"},
+    "pooling": {"help": "embed: default from the sentence-transformers config, else mean"},
     "labels": {"help": "classify: comma list of label names (default config.id2label)"},
     "length_buckets": {"help": "tokenizer padding buckets (default 16,32,64,128,256,512); one bucket = max-seq-len pads all"},
     "max_queue_delay_us": {"type": int, "help": "dynamic batcher queue delay in microseconds (default 100)"},
@@ -39,9 +38,16 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one `error:` line on stderr (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m builder", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLineParser(prog="python -m builder", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     build = commands.add_parser("build", help="build models into a Triton model repository")
     build.add_argument("--repository", required=True, type=Path, help="model repository directory")
     build.add_argument("--spec", type=Path, help="YAML spec file listing several models")

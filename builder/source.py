@@ -111,6 +111,9 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
         raise BuildError(f"cannot load the tokenizer of {model!r}: {str(exc).splitlines()[0]}") from None
     if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
         raise BuildError(f"model {model!r} has no fast (Rust `tokenizers`) tokenizer; one is required")
+    if tokenizer.backend_tokenizer.get_vocab_size() <= len(set(tokenizer.all_special_ids)):
+        # transformers 5 builds an empty tokenizer when a checkpoint ships no tokenizer files
+        raise BuildError(f"model {model!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); a fast tokenizer is required")
     return ModelSource(model, path, commit, hashes, config, tokenizer)
 
 

@@ -1,0 +1,163 @@
+"""Every bad input: one `error:` line on stderr, non-zero exit, the repository untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import BertConfig, GPT2Config
+
+from builder.cli import main
+from builder.tensorrt_engine import tensorrt_available
+from devstack.tritonserver import REPO_ROOT
+from tests.builder.helpers import staging_leftovers, tree_hash
+
+TINY = ["--runtime", "python", "--device", "cpu", "--formats", "onnx", "--max-seq-len", "64", "--max-batch-size", "8"]
+
+
+@pytest.fixture
+def repository(python_repository: Path, tmp_path: Path) -> Path:
+    """A copy of a good repository that a failing build must leave exactly as it is."""
+    repo = tmp_path / "model_repository"
+    shutil.copytree(python_repository, repo)
+    return repo
+
+
+def _bad_dirs(root: Path, tiny_classifier_dir: Path) -> dict[str, Path]:
+    no_config = root / "no_config"
+    no_config.mkdir()
+    (no_config / "vocab.txt").write_text("[PAD]\n")
+    decoder = root / "gpt2"
+    GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(decoder)
+    no_tokenizer = root / "no_tokenizer"
+    shutil.copytree(tiny_classifier_dir, no_tokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        (no_tokenizer / name).unlink()
+    BertConfig.from_pretrained(no_tokenizer)  # still a valid BERT checkpoint
+    return {"no_config": no_config, "decoder": decoder, "no_tokenizer": no_tokenizer}
+
+
+def _assert_one_error_line(captured: str, expected: str) -> None:
+    lines = [line for line in captured.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+
+
+CASES = {
+    "missing path": (["--model", "/does/not/exist", "--task", "embed"], "not a readable directory"),
+    "not a model dir": (["--model", "{no_config}", "--task", "embed"], "has no config.json"),
+    "decoder model": (["--model", "{decoder}", "--task", "embed"], "not a supported encoder"),
+    "no fast tokenizer": (["--model", "{no_tokenizer}", "--task", "classify"], "tokenizer"),
+    "unsupported task": (["--model", "{cls}", "--task", "generate"], "unsupported task 'generate'"),
+    "max-seq-len above limit": (["--model", "{cls}", "--task", "classify", "--max-seq-len", "4096"],
+                                "above the model's limit of 128"),
+    "label count": (["--model", "{cls}", "--task", "classify", "--labels", "a,b"], "model's head has 3 outputs"),
+    "bad device": (["--model", "{cls}", "--task", "classify", "--device", "tpu"], "invalid device"),
+    "bad name": (["--model", "{cls}", "--task", "classify", "--name", "../evil"], "invalid name"),
+    "missing task": (["--model", "{cls}"], "missing --task"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("existing", [True, False], ids=["existing-repo", "new-repo"])
+def test_bad_input(
+    case: str, existing: bool, repository: Path, tiny_classifier_dir: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if not existing:
+        repository = tmp_path / "fresh_repository"
+    dirs = {k: str(v) for k, v in _bad_dirs(tmp_path, tiny_classifier_dir).items()}
+    args, expected = CASES[case]
+    argv = [a.format(cls=tiny_classifier_dir, **dirs) for a in args]
+    if "--name" not in argv and case != "missing task":
+        argv += ["--name", "tinycls"]
+    before = tree_hash(repository)
+    capsys.readouterr()
+    status = main(["build", "--repository", str(repository), *TINY, *argv])
+    assert status != 0
+    _assert_one_error_line(capsys.readouterr().err, expected)
+    assert tree_hash(repository) == before
+    assert staging_leftovers(repository) == []
+
+
+@pytest.mark.skipif(tensorrt_available(), reason="TensorRT is installed here, so --formats trt is valid")
+def test_trt_without_tensorrt(repository: Path, tiny_classifier_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = tree_hash(repository)
+    status = main(["build", "--repository", str(repository), "--model", str(tiny_classifier_dir), "--task", "classify",
+                   "--name", "tinycls", "--formats", "onnx,trt"])
+    assert status == 1
+    _assert_one_error_line(capsys.readouterr().err, "`tensorrt` Python package is not installed")
+    assert tree_hash(repository) == before
+
+
+def test_bad_spec_files(repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = tree_hash(repository)
+    specs = {
+        "not: [valid": "not valid YAML",
+        "defaults: {}\n": "non-empty `models:` list",
+        "models:\n  - {name: x, task: embed, model: '${BUILDER_TEST_UNSET_VARIABLE}'}\n": "BUILDER_TEST_UNSET_VARIABLE is not set",
+        "models:\n  - {name: x, task: embed, model: /m, colour: blue}\n": "invalid colour",
+        "models:\n  - {name: x, task: embed, model: /m, max_seq_len: lots}\n": "invalid max-seq-len",
+    }
+    for text, expected in specs.items():
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(text)
+        assert main(["build", "--repository", str(repository), "--spec", str(spec)]) == 1
+        _assert_one_error_line(capsys.readouterr().err, expected)
+    assert main(["build", "--repository", str(repository), "--spec", str(tmp_path / "missing.yaml")]) == 1
+    _assert_one_error_line(capsys.readouterr().err, "cannot read spec file")
+    assert tree_hash(repository) == before
+
+
+def test_spec_with_environment(
+    tiny_classifier_dir: Path, tiny_embedder_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = tmp_path / "models.yaml"
+    spec.write_text(
+        "defaults:\n"
+        "  runtime: python\n  device: ${DEVICE:-cpu}\n  formats: ${FORMATS:-onnx}\n  max_batch_size: ${MAX_BATCH:-4}\n"
+        "  max_seq_len: 32\n"
+        "models:\n"
+        "  - {name: '${CLS_NAME}', model: '${CLS_MODEL}', task: classify, labels: '${LABELS:-}'}\n"
+        "  - name: emb\n    model: ${EMB_MODEL}\n    task: embed\n    max-queue-delay-us: ${DELAY:-250}\n"
+    )
+    monkeypatch.setenv("CLS_NAME", "spec_cls")
+    monkeypatch.setenv("CLS_MODEL", str(tiny_classifier_dir))
+    monkeypatch.setenv("EMB_MODEL", str(tiny_embedder_dir))
+    monkeypatch.setenv("MAX_BATCH", "16")
+    repo = tmp_path / "repo"
+    assert main(["build", "--repository", str(repo), "--spec", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "spec_cls: built" in out and "emb: built" in out
+    from builder.configs import read_config
+
+    emb = read_config(repo / "emb_onnx" / "config.pbtxt")
+    assert emb.max_batch_size == 16 and emb.dynamic_batching.max_queue_delay_microseconds == 250
+    cls = read_config(repo / "spec_cls_onnx_ensemble" / "config.pbtxt")
+    assert json.loads(cls.parameters["labels"].string_value) == ["negative", "neutral", "positive"]
+    assert cls.parameters["max_seq_len"].string_value == "32"
+    # same spec again: nothing to do, and it says so
+    assert main(["build", "--repository", str(repo), "--spec", str(spec)]) == 0
+    assert capsys.readouterr().out.count("up to date, nothing to do") == 2
+
+
+@pytest.mark.timeout(180)
+def test_real_cli_process_unknown_hub_id(repository: Path) -> None:
+    """The real `python -m builder` process: a hub id that is not available gives one line and exit 1."""
+    before = tree_hash(repository)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(repository.parent / "hf_home")}
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "build", "--repository", str(repository), "--model",
+         "no-such-org/no-such-model", "--task", "embed", "--name", "x"],
+        capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=170,
+    )
+    assert result.returncode == 1
+    _assert_one_error_line(result.stderr, "cannot fetch model 'no-such-org/no-such-model'")
+    assert result.stdout == ""
+    assert tree_hash(repository) == before
