@@ -39,6 +39,7 @@ def main() -> None:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=10,
+        loop=settings.loop,
     )
 
 

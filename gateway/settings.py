@@ -36,6 +36,9 @@ class GatewaySettings(BaseSettings):
     host: str = Field("0.0.0.0", description="Listen address.")
     port: int = Field(8080, ge=1, le=65535, description="Listen port.")
     workers: int = Field(1, ge=1, description="Uvicorn worker processes.")
+    loop: Literal["asyncio", "uvloop", "auto"] = Field(
+        "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     metrics_dir: str = Field(
         "", description="PROMETHEUS_MULTIPROC_DIR for several workers; empty = a fresh temp dir."
