@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False)
     args = p.parse_args(argv)
     args.workers = [int(x) for x in args.workers.split(",")]
+    if args.repository is not None:
+        args.shape = f"as built in {args.repository}"
     args.batches = [int(x) for x in args.batches.split(",")]
     args.work = args.work or Path(tempfile.mkdtemp(prefix="loadtest-gpu-"))
     args.work.mkdir(parents=True, exist_ok=True)
