@@ -104,3 +104,18 @@ def test_stale_segment_of_a_crashed_gateway_is_replaced() -> None:
     finally:
         stale.close()
     assert shm_segments(prefix) == []
+
+
+def test_env_example_lists_every_setting_with_its_default() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / ".env.example").read_text()
+    section = text.split("# --- gateway ---", 1)[1]
+    listed = dict(re.findall(r"^GATEWAY_(\w+)=(.*)$", section, re.M))
+    defaults = GatewaySettings.model_construct()  # the declared defaults, without reading the environment
+    for name in GatewaySettings.model_fields:
+        assert name.upper() in listed, name
+        value = getattr(defaults, name)
+        shown = ",".join(value) if isinstance(value, list) else str(value)
+        assert listed[name.upper()] == shown, name
