@@ -38,9 +38,12 @@ class ProfileShapes(BaseModel):
 
 
 def profile_shapes(settings: ResolvedSettings) -> ProfileShapes:
-    """Batch 1..max_batch_size (opt: trt_opt_batch_size), seq 1..max_seq_len (opt: middle bucket)."""
+    """Batch 1..max_batch_size (opt: trt_opt_batch_size), seq 1..max_seq_len (opt: 128, typical text).
+
+    With a single length bucket every batch is padded to max_seq_len, so that is the opt length then.
+    """
     buckets = effective_buckets(settings.length_buckets, settings.max_seq_len)
-    opt_seq = min(128, settings.max_seq_len) if 128 in buckets or settings.max_seq_len < 128 else buckets[len(buckets) // 2]
+    opt_seq = settings.max_seq_len if len(buckets) == 1 else min(128, settings.max_seq_len)
     opt_batch = min(settings.trt_opt_batch_size, settings.max_batch_size)
     return ProfileShapes(min=(1, 1), opt=(opt_batch, opt_seq), max=(settings.max_batch_size, settings.max_seq_len))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +70,41 @@ def test_embedder_ensemble_matches_pytorch(triton_server: TritonServer, tiny_emb
         assert cosine >= 0.99999, (text, cosine)
         np.testing.assert_allclose(embeddings[row], expected, atol=1e-4)
         assert num_tokens[row, 0] == _full_length(tiny_embedder_dir, text)
+
+
+def _tokenize(server: TritonServer, texts: list[str]) -> dict[str, np.ndarray]:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    data = np.array([[t.encode()] for t in texts], dtype=object)
+    inp = grpcclient.InferInput("text", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data)
+    result = client.infer("tinycls_tokenizer", [inp])
+    return {n: result.as_numpy(n) for n in ("input_ids", "attention_mask", "token_type_ids", "num_tokens")}
+
+
+@pytest.mark.timeout(300)
+def test_tokenizer_buckets_and_truncation(triton_server: TritonServer, tiny_classifier_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_classifier_dir)
+    assert _tokenize(triton_server, [""])["input_ids"].shape == (1, 16)
+    short = _tokenize(triton_server, ["good movie", "hello"])
+    assert short["input_ids"].shape == (2, 16) and short["input_ids"].dtype == np.int32
+    expected = tokenizer(["good movie", "hello"], padding="max_length", max_length=16)
+    np.testing.assert_array_equal(short["input_ids"], expected["input_ids"])
+    np.testing.assert_array_equal(short["attention_mask"], expected["attention_mask"])
+    text = "the movie " * 12  # 26 tokens -> bucket 32
+    assert _tokenize(triton_server, [text])["input_ids"].shape == (1, 32)
+    long = _tokenize(triton_server, ["a " * 200, "b"])  # 202 tokens -> truncated to max_seq_len 64
+    assert long["input_ids"].shape == (2, 64)
+    truncated = tokenizer(["a " * 200], truncation=True, max_length=64)["input_ids"][0]
+    assert long["input_ids"][0].tolist() == truncated  # ends with [SEP], like the HF tokenizer
+    assert long["num_tokens"][:, 0].tolist() == [202, 3]
+
+
+@pytest.mark.timeout(300)
+def test_concurrent_requests_of_mixed_lengths(triton_server: TritonServer) -> None:
+    """Many requests at once (the dynamic batcher merges them, the runner groups by length): same answers."""
+    texts = ["good", "the food was bad " * 4, "안녕하세요", "a " * 100, "", "这个电影很好 " * 3] * 3
+    alone = [_infer(triton_server, "tinyemb_onnx_ensemble", "embeddings", [t])[0][0] for t in texts[:6]]
+    with ThreadPoolExecutor(max_workers=len(texts)) as pool:
+        together = list(pool.map(lambda t: _infer(triton_server, "tinyemb_onnx_ensemble", "embeddings", [t])[0][0], texts))
+    for index, vector in enumerate(together):
+        np.testing.assert_allclose(vector, alone[index % 6], atol=1e-5)
