@@ -16,7 +16,7 @@ import onnxruntime as ort
 from builder import configs
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
-from builder.manifest import Manifest, fingerprint, library_versions, python_version, read_manifest, write_manifest
+from builder.manifest import Manifest, OnnxFacts, fingerprint, library_versions, python_version, read_manifest, write_manifest
 from builder.parity import ParityResult, compare, parity_inputs, torch_reference
 from builder.publish import publish, staging_directory
 from builder.settings import BuildRequest, ResolvedSettings, default_preferred_batch_sizes
@@ -29,7 +29,7 @@ from builder.source import (
     sentence_transformers_pooling,
 )
 from builder import tensorrt_engine
-from builder.optimize import onnx_op_counts
+from builder.optimize import onnx_op_counts, optimize_for_onnxruntime
 
 Log = Callable[[str], None]
 ENTRY_SUFFIXES = ("_tokenizer", "_onnx", "_onnx_ensemble", "_trt_fp16", "_trt_fp16_ensemble")
@@ -110,7 +110,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[s
         pooling=pooling, labels=labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
-        tokenizer_instances=request.tokenizer_instances, opset=request.opset,
+        tokenizer_instances=request.tokenizer_instances, opset=request.opset, onnx_optimize=request.onnx_optimize,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
     )
@@ -154,7 +154,7 @@ def _check(result: ParityResult, planned: PlannedBuild, log: Log) -> None:
         raise BuildError(f"{planned.settings.name}: parity failed, nothing published: {result.summary()}")
 
 
-def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[ParityResult], dict[str, int]]:
+def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[ParityResult], OnnxFacts]:
     """Write every entry of one model into `staging`; raise BuildError when parity fails."""
     s, entries = planned.settings, planned.entries
     tokenizer = planned.source.tokenizer
@@ -169,17 +169,32 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     reference = torch_reference(model, inputs)
     width = int(reference.shape[1])
 
-    onnx_dir = staging / (entries.get("onnx") or f".{s.name}_onnx_intermediate")
-    onnx_path = onnx_dir / "1" / "model.onnx"
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    raw_path = staging / f".{s.name}_export" / "model.onnx"  # never published; TensorRT parses this one
+    raw_path.parent.mkdir(parents=True)
     log(f"{s.name}: exporting ONNX (opset {s.opset})")
-    export_onnx(model, s.output_name, onnx_path, s.opset)
+    export_onnx(model, s.output_name, raw_path, s.opset)
+    config = model.model.config
     del model
-    results = [compare("onnx", s.task, reference, _onnx_outputs(onnx_path, inputs, s.output_name), s.max_seq_len)]
-    if not s.skip_parity:
-        _check(results[0], planned, log)
-    ops = onnx_op_counts(onnx_path)
+    facts = OnnxFacts()
+    results: list[ParityResult] = []
     if "onnx" in entries:
+        onnx_dir = staging / entries["onnx"]
+        onnx_path = onnx_dir / "1" / "model.onnx"
+        onnx_path.parent.mkdir(parents=True, exist_ok=True)
+        if s.onnx_optimize:
+            try:
+                facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, int(getattr(config, "num_attention_heads", 0) or 0),
+                                                           int(getattr(config, "hidden_size", 0) or 0))
+                facts.optimized = True
+                log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops}")
+            except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
+                log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); publishing the plain export")
+        if not facts.optimized:
+            shutil.copyfile(raw_path, onnx_path)
+        facts.ops = onnx_op_counts(onnx_path)
+        results.append(compare("onnx", s.task, reference, _onnx_outputs(onnx_path, inputs, s.output_name), s.max_seq_len))
+        if not s.skip_parity:
+            _check(results[-1], planned, log)
         configs.write_config(onnx_dir, configs.onnx_config(s, width))
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
@@ -188,23 +203,22 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         configs.write_config(trt_dir, configs.trt_config(s, width))
         plan_path = trt_dir / "1" / "model.plan"
         log(f"{s.name}: building the TensorRT FP16 engine (timing cache {planned.timing_cache})")
-        tensorrt_engine.build_engine(onnx_path, plan_path, tensorrt_engine.profile_shapes(s), planned.timing_cache,
+        tensorrt_engine.build_engine(raw_path, plan_path, tensorrt_engine.profile_shapes(s), planned.timing_cache,
                                      s.trt_workspace_mib)
         results.append(compare("trt_fp16", s.task, reference,
                                tensorrt_engine.run_engine(plan_path, inputs, s.output_name), s.max_seq_len))
         if not s.skip_parity:
             _check(results[-1], planned, log)
-    if "onnx" not in entries:
-        shutil.rmtree(onnx_dir)
+    shutil.rmtree(raw_path.parent)
     for fmt in s.formats:
         ens_dir = staging / entries[f"{fmt}_ensemble"]
         configs.write_config(ens_dir, configs.ensemble_config(s, fmt, width))
         if s.task == "classify":
             (ens_dir / configs.LABELS_FILE).write_text("".join(f"{label}\n" for label in s.labels or []))
-    return results, ops
+    return results, facts
 
 
-def _manifest(planned: PlannedBuild, parity: list[ParityResult], ops: dict[str, int]) -> Manifest:
+def _manifest(planned: PlannedBuild, parity: list[ParityResult], facts: OnnxFacts) -> Manifest:
     s = planned.settings
     return Manifest(
         builder_version=__import__("builder").BUILDER_VERSION, fingerprint=planned.fingerprint,
@@ -212,7 +226,7 @@ def _manifest(planned: PlannedBuild, parity: list[ParityResult], ops: dict[str, 
         artifacts={role: name for role, name in planned.entries.items()},
         versions=library_versions(), python=python_version(),
         gpu=tensorrt_engine.gpu_name() if "trt" in s.formats else None,
-        parity=parity, onnx_ops=ops, built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        parity=parity, onnx=facts, built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
 
@@ -247,8 +261,8 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr
         stale: list[str] = []
         for p in todo:
             started = time.monotonic()
-            parity, ops = build_one(p, staging, log)
-            manifest = _manifest(p, parity, ops)
+            parity, facts = build_one(p, staging, log)
+            manifest = _manifest(p, parity, facts)
             for entry in p.entries.values():
                 write_manifest(staging / entry, manifest)
             entries += p.entries.values()

@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         build.add_argument("--" + field_name.replace("_", "-"), dest=field_name, default=None, **kwargs)
     build.add_argument("--no-dynamic-batching", dest="dynamic_batching", action="store_const", const=False,
                        default=None, help="disable Triton's dynamic batcher on the tokenizer and model steps")
+    build.add_argument("--no-onnx-optimize", dest="onnx_optimize", action="store_const", const=False, default=None,
+                       help="publish the plain export instead of onnxruntime's transformer-optimizer output")
     build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,
                        help="record parity numbers but publish even when they fail")
     return parser
@@ -64,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def requests_from_args(args: argparse.Namespace) -> list[BuildRequest]:
     """Build requests from `--spec` (CLI options act as extra defaults) or from the CLI options alone."""
-    options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in ("dynamic_batching", "skip_parity")}
+    options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in ("dynamic_batching", "skip_parity", "onnx_optimize")}
     given = {k: v for k, v in options.items() if v is not None}
     if args.spec is not None:
         if {"model", "task", "name"} & set(given):

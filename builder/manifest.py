@@ -20,6 +20,14 @@ MANIFEST_FILE = "build_manifest.json"
 _LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", "tensorrt", "tritonclient", "numpy")
 
 
+class OnnxFacts(BaseModel):
+    """The published model.onnx: whether onnxruntime's transformer optimizer ran, what it fused, op counts."""
+
+    optimized: bool = False
+    fused_ops: dict[str, int] = {}
+    ops: dict[str, int] = {}
+
+
 class Manifest(BaseModel):
     """Contents of build_manifest.json."""
 
@@ -32,7 +40,7 @@ class Manifest(BaseModel):
     python: str
     gpu: str | None
     parity: list[ParityResult]
-    onnx_ops: dict[str, int] = {}
+    onnx: OnnxFacts
     built_at: str
 
 

@@ -50,6 +50,7 @@ class BuildRequest(BaseModel):
     instances: int = Field(default=1, gt=0, description="instances of the model step (onnx / trt)")
     tokenizer_instances: int = Field(default=1, gt=0)
     opset: int = Field(default=17, ge=14)
+    onnx_optimize: bool = True
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
     trt_workspace_mib: int = Field(default=4096, gt=0)
     trt_timing_cache: str | None = None
@@ -79,6 +80,7 @@ class ResolvedSettings(BaseModel):
     instances: int
     tokenizer_instances: int
     opset: int
+    onnx_optimize: bool
     trt_opt_batch_size: int
     trt_workspace_mib: int
     skip_parity: bool

@@ -112,7 +112,7 @@ def test_manifest(python_repository: Path, tiny_classifier_dir: Path) -> None:
     (parity,) = manifest.parity
     assert parity.artifact == "onnx" and parity.passed and parity.max_abs_diff <= 1e-4 and parity.argmax_agree
     assert parity.sentences >= 6
-    assert manifest.onnx_ops.get("MatMul", 0) > 0
+    assert manifest.onnx.optimized and manifest.onnx.fused_ops["Attention"] == 2 and manifest.onnx.ops["Attention"] == 2
     emb = read_manifest(python_repository / "tinyemb_onnx_ensemble")
     assert emb is not None and emb.settings.pooling == "mean" and emb.parity[0].min_cosine >= 0.99999
     # every entry of one model carries the same manifest
@@ -157,7 +157,9 @@ def test_no_dynamic_batching_and_instances(tiny_embedder_dir: Path, tmp_path: Pa
     repo = tmp_path / "repo"
     build_repository(repo, [{"model": str(tiny_embedder_dir), "task": "embed", "name": "e", "pooling": "cls"}],
                      runtime="native", formats="onnx", device="gpu", max_batch_size=32, dynamic_batching=False,
-                     instances=3, tokenizer_instances=2, length_buckets="512")
+                     instances=3, tokenizer_instances=2, length_buckets="512", onnx_optimize=False)
+    facts = read_manifest(repo / "e_onnx").onnx  # type: ignore[union-attr]
+    assert not facts.optimized and facts.fused_ops == {} and "Attention" not in facts.ops and facts.ops["Softmax"] == 2
     step = read_config(repo / "e_onnx" / "config.pbtxt")
     assert step.platform == "onnxruntime_onnx" and step.backend == ""
     assert not step.HasField("dynamic_batching")
