@@ -6,7 +6,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from gateway.api.responses import OrjsonResponse as ORJSONResponse
+from gateway.api.responses import OrjsonResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.metrics import ERRORS
@@ -61,19 +61,19 @@ class GatewayTimeout(GatewayError):
     status, type = 504, "timeout"
 
 
-def error_response(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> ORJSONResponse:
+def error_response(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> OrjsonResponse:
     """Build the JSON error response and count it."""
     ERRORS.labels(type_).inc()
-    return ORJSONResponse({"error": {"type": type_, "message": message}}, status_code=status, headers=headers)
+    return OrjsonResponse({"error": {"type": type_, "message": message}}, status_code=status, headers=headers)
 
 
-async def _gateway_error(_: Request, exc: Exception) -> ORJSONResponse:
+async def _gateway_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, GatewayError)
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
     return error_response(exc.status, exc.type, exc.message, headers)
 
 
-async def _validation_error(_: Request, exc: Exception) -> ORJSONResponse:
+async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
@@ -85,13 +85,13 @@ async def _validation_error(_: Request, exc: Exception) -> ORJSONResponse:
     return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
 
 
-async def _http_error(_: Request, exc: Exception) -> ORJSONResponse:
+async def _http_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, StarletteHTTPException)
     kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, kind, str(exc.detail))
 
 
-async def _unexpected(_: Request, exc: Exception) -> ORJSONResponse:
+async def _unexpected(_: Request, exc: Exception) -> OrjsonResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal_error", "internal error")
 

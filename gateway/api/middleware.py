@@ -43,16 +43,16 @@ class RequestContextMiddleware:
         start = time.perf_counter()
         if self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
             await self._reject(send_with_id)
-        else:
-            self.in_flight += 1
-            IN_FLIGHT.inc()
-            try:
-                await self.app(scope, receive, send_with_id)
-            finally:
-                self.in_flight -= 1
-                IN_FLIGHT.dec()
-        elapsed = time.perf_counter() - start
-        self._record(scope, rid, status, elapsed)
+            self._record(scope, rid, status, time.perf_counter() - start)
+            return
+        self.in_flight += 1
+        IN_FLIGHT.inc()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self.in_flight -= 1
+            IN_FLIGHT.dec()
+            self._record(scope, rid, status, time.perf_counter() - start)
 
     @staticmethod
     async def _reject(send: Send) -> None:
