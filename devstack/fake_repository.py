@@ -82,8 +82,10 @@ def _step_model(repo: Path, name: str, output: str, width: int) -> None:
     (repo / name / "1" / "model.py").write_text(MODEL_PY)
 
 
-def _ensemble(repo: Path, name: str, step: str, output: str, width: int, params: dict[str, str]) -> None:
-    config = mc.ModelConfig(name=f"{name}_onnx_ensemble", platform="ensemble", max_batch_size=MAX_BATCH)
+def _ensemble(
+    repo: Path, name: str, step: str, output: str, width: int, params: dict[str, str], backend: str = "onnx"
+) -> None:
+    config = mc.ModelConfig(name=f"{name}_{backend}_ensemble", platform="ensemble", max_batch_size=MAX_BATCH)
     config.input.add(name="text", data_type=mc.TYPE_STRING, dims=[1])
     config.output.add(name=output, data_type=mc.TYPE_FP32, dims=[width])
     config.output.add(name="num_tokens", data_type=mc.TYPE_INT32, dims=[1])
@@ -91,15 +93,21 @@ def _ensemble(repo: Path, name: str, step: str, output: str, width: int, params:
     s.input_map["text"] = "text"
     s.output_map[output] = output
     s.output_map["num_tokens"] = "num_tokens"
-    for k, v in {"model_name": name, "backend": "onnx", "max_seq_len": str(MAX_SEQ_LEN), "source": "fake", **params}.items():
+    for k, v in {"model_name": name, "backend": backend, "max_seq_len": str(MAX_SEQ_LEN), "source": "fake", **params}.items():
         config.parameters[k].string_value = v
     _write(repo / config.name, config)
 
 
 def write_fake_repository(repo: Path) -> Path:
-    """Write `fakecls` (classify, 3 labels) and `fakeemb` (embed, dim 8) into `repo`."""
+    """Write `fakecls` (classify, 3 labels) and `fakeemb` (embed, dim 8) into `repo`.
+
+    `fakeemb` also gets a `fakeemb_trt_fp16_ensemble` (backend `trt_fp16`, same step model), so
+    that backend preference and choice can be tested without TensorRT.
+    """
     _step_model(repo, "fakecls_onnx", "logits", len(LABELS))
     _step_model(repo, "fakeemb_onnx", "embeddings", EMBED_DIM)
     _ensemble(repo, "fakecls", "fakecls_onnx", "logits", len(LABELS), {"task": "classify", "labels": orjson.dumps(LABELS).decode()})
-    _ensemble(repo, "fakeemb", "fakeemb_onnx", "embeddings", EMBED_DIM, {"task": "embed", "embedding_dim": str(EMBED_DIM), "pooling": "mean"})
+    emb = {"task": "embed", "embedding_dim": str(EMBED_DIM), "pooling": "mean"}
+    _ensemble(repo, "fakeemb", "fakeemb_onnx", "embeddings", EMBED_DIM, emb)
+    _ensemble(repo, "fakeemb", "fakeemb_onnx", "embeddings", EMBED_DIM, emb, backend="trt_fp16")
     return repo

@@ -71,7 +71,8 @@ async def test_shared_memory_really_carries_the_tensors(fake_triton: TritonServe
         region = pool.regions[0]
         assert set(registered) == {r.name for p in app.state.runtime.client.pools.values() for r in p.regions}
         assert registered[region.name]["key"] == region.key and region.name in shm_segments(prefix)
-        r = await client.post("/embed", json={"model": "fakeemb", "inputs": inputs, "normalize": False})
+        body = {"model": "fakeemb", "inputs": inputs, "normalize": False, "backend": "onnx"}
+        r = await client.post("/embed", json=body)
         assert r.status_code == 200
         metrics = (await client.get("/metrics")).text
         # Read the region straight from /dev/shm, independently of the gateway's handle.
@@ -104,7 +105,8 @@ async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonSer
         models = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
         assert models["fakecls"]["labels"] == LABELS and models["fakecls"]["task"] == "classify"
         assert models["fakeemb"]["dimensions"] == EMBED_DIM and models["fakeemb"]["max_tokens"] == MAX_SEQ_LEN
-        assert models["fakeemb"]["backends"] == ["onnx"]
+        assert models["fakeemb"]["backends"] == ["onnx", "trt"] and models["fakeemb"]["default_backend"] == "trt"
+        assert models["fakecls"]["backends"] == ["onnx"] and models["fakecls"]["default_backend"] == "onnx"
         assert (await client.get("/healthz")).status_code == 200
         ready = await client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["models"] == ["fakecls", "fakeemb"]
@@ -129,7 +131,7 @@ async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonSer
         ("/classify", {"model": "nope", "inputs": "a"}, 404, "model_not_found"),
         ("/classify", {"model": "fakeemb", "inputs": "a"}, 400, "wrong_task"),
         ("/embed", {"model": "fakecls", "inputs": "a"}, 400, "wrong_task"),
-        ("/embed", {"inputs": "a", "backend": "trt"}, 400, "backend_not_available"),
+        ("/classify", {"inputs": "a", "backend": "trt"}, 400, "backend_not_available"),
         ("/v1/embeddings", {"input": "a", "dimensions": 3}, 400, "unsupported_dimensions"),
         ("/v1/embeddings", {"input": [[1, 2, 3]]}, 422, "validation_error"),
         ("/nowhere", {}, 404, "not_found"),
@@ -198,3 +200,18 @@ async def test_triton_absent_is_503() -> None:
         ready = await client.get("/readyz")
     assert r.status_code == 503 and r.json()["error"]["type"] == "triton_unavailable"
     assert ready.status_code == 503
+
+
+async def test_tensorrt_ensemble_preferred_and_backend_choosable(fake_triton: TritonServer) -> None:
+    stats = grpcclient.InferenceServerClient(fake_triton.grpc_url)
+
+    def count(ensemble: str) -> int:
+        return int(stats.get_inference_statistics(ensemble).model_stats[0].inference_count)
+
+    before = {e: count(e) for e in ("fakeemb_trt_fp16_ensemble", "fakeemb_onnx_ensemble")}
+    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwbackend") as (_, client):
+        assert (await client.post("/embed", json={"inputs": ["a", "b", "c"]})).status_code == 200
+        assert (await client.post("/embed", json={"inputs": ["a"], "backend": "onnx"})).status_code == 200
+        assert (await client.post("/embed", json={"inputs": ["a", "b"], "backend": "trt"})).status_code == 200
+    assert count("fakeemb_trt_fp16_ensemble") - before["fakeemb_trt_fp16_ensemble"] == 5  # default: TensorRT
+    assert count("fakeemb_onnx_ensemble") - before["fakeemb_onnx_ensemble"] == 1

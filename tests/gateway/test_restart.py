@@ -54,7 +54,7 @@ async def test_triton_restart_under_traffic(fake_repository: Path, tmp_path: Pat
         assert by_phase["down"] and all(s == 503 for s, _ in by_phase["down"]), by_phase["down"]
         assert {s for s, _ in by_phase["restarting"] + by_phase["crossing"]} <= {200, 503}, by_phase
         assert any(s == 200 for s, _ in by_phase["restarted"]), by_phase["restarted"]
-        assert len(reregistered) == 4  # 2 regions x 2 models, registered again after the restart
+        assert len(reregistered) == 6  # 2 regions x 3 ensembles, registered again after the restart
         assert shm_segments(prefix) == []
     finally:
         server.stop()

@@ -28,9 +28,9 @@ def test_two_workers_openai_client_metrics_and_no_leak(fake_repository: Path, tm
         assert stack.gateway is not None
         url = stack.gateway.url
         deadline = time.monotonic() + 20  # /healthz answered as soon as the first worker was up
-        while len(shm_segments(prefix)) < 2 * 2 * 16 and time.monotonic() < deadline:
+        while len(shm_segments(prefix)) < 2 * 3 * 16 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(shm_segments(prefix)) == 2 * 2 * 16  # workers x models x pool size
+        assert len(shm_segments(prefix)) == 2 * 3 * 16  # workers x ensembles x pool size
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         inputs = ["first text", "second one", "third"]
         floats = client.embeddings.create(model="fakeemb", input=inputs, encoding_format="float")
@@ -54,7 +54,7 @@ def test_two_workers_openai_client_metrics_and_no_leak(fake_repository: Path, tm
         # 20 requests spread over two workers: the multiprocess collector sums them.
         line = next(ln for ln in metrics.splitlines() if ln.startswith('gateway_requests_total{model="fakecls"'))
         assert float(line.rsplit(" ", 1)[1]) == 20.0
-        assert "gateway_shm_regions 64.0" in metrics
+        assert "gateway_shm_regions 96.0" in metrics
         gateway = stack.gateway
     assert gateway.process is not None and gateway.process.returncode == 0
     assert shm_segments(prefix) == []  # every worker unlinked its regions
