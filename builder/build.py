@@ -110,7 +110,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[s
         pooling=pooling, labels=labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
-        tokenizer_instances=request.tokenizer_instances, opset=request.opset, onnx_optimize=request.onnx_optimize,
+        tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset, onnx_optimize=request.onnx_optimize,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
     )

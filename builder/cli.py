@@ -31,6 +31,7 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "preferred_batch_sizes": {"help": "comma list (default powers of two up to max-batch-size)"},
     "instances": {"type": int, "help": "instance count of the model step (default 1)"},
     "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default 1)"},
+    "onnx_threads": {"type": int, "help": "onnxruntime intra-op threads per instance (default 0 = onnxruntime's choice)"},
     "opset": {"type": int, "help": "ONNX opset (default 17)"},
     "trt_opt_batch_size": {"type": int, "help": "TensorRT profile opt batch (default min(8, max-batch-size))"},
     "trt_workspace_mib": {"type": int, "help": "TensorRT workspace limit (default 4096)"},

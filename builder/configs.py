@@ -73,6 +73,10 @@ def onnx_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
     _step_io(config, settings, width)
     config.instance_group.add(kind=_kind(settings), count=settings.instances)
     _batching(config, settings)
+    if settings.onnx_threads:
+        # onnxruntime backend parameter / read by the python-backend runner
+        key = "intra_op_thread_count" if settings.runtime == "native" else "intra_op_num_threads"
+        config.parameters[key].string_value = str(settings.onnx_threads)
     return config
 
 

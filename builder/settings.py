@@ -49,6 +49,7 @@ class BuildRequest(BaseModel):
     preferred_batch_sizes: Annotated[list[int] | None, CommaList] = None
     instances: int = Field(default=1, gt=0, description="instances of the model step (onnx / trt)")
     tokenizer_instances: int = Field(default=1, gt=0)
+    onnx_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per instance (0: its default)")
     opset: int = Field(default=17, ge=14)
     onnx_optimize: bool = True
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
@@ -79,6 +80,7 @@ class ResolvedSettings(BaseModel):
     preferred_batch_sizes: list[int]
     instances: int
     tokenizer_instances: int
+    onnx_threads: int
     opset: int
     onnx_optimize: bool
     trt_opt_batch_size: int

@@ -157,7 +157,7 @@ def test_no_dynamic_batching_and_instances(tiny_embedder_dir: Path, tmp_path: Pa
     repo = tmp_path / "repo"
     build_repository(repo, [{"model": str(tiny_embedder_dir), "task": "embed", "name": "e", "pooling": "cls"}],
                      runtime="native", formats="onnx", device="gpu", max_batch_size=32, dynamic_batching=False,
-                     instances=3, tokenizer_instances=2, length_buckets="512", onnx_optimize=False)
+                     instances=3, tokenizer_instances=2, length_buckets="512", onnx_optimize=False, onnx_threads=2)
     facts = read_manifest(repo / "e_onnx").onnx  # type: ignore[union-attr]
     assert not facts.optimized and facts.fused_ops == {} and "Attention" not in facts.ops and facts.ops["Softmax"] == 2
     step = read_config(repo / "e_onnx" / "config.pbtxt")
@@ -165,6 +165,7 @@ def test_no_dynamic_batching_and_instances(tiny_embedder_dir: Path, tmp_path: Pa
     assert not step.HasField("dynamic_batching")
     assert step.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU and step.instance_group[0].count == 3
     assert not (repo / "e_onnx" / "1" / "model.py").exists()
+    assert step.parameters["intra_op_thread_count"].string_value == "2"
     tok = read_config(repo / "e_tokenizer" / "config.pbtxt")
     assert tok.instance_group[0].count == 2 and tok.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     # model limit is 128 positions: one bucket of 512 caps to max_seq_len = pad everything to 128
