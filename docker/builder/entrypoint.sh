@@ -1,5 +1,5 @@
 #!/bin/sh
 # Run the builder CLI; make sure the cache folders exist (fresh named volumes are empty).
 set -eu
-mkdir -p "${HF_HOME:-/cache/huggingface}" "$(dirname "${BUILDER_TIMING_CACHE:-/cache/tensorrt/timing.cache}")"
+mkdir -p "${HF_HOME:-/cache/huggingface}" /cache/tensorrt
 exec python3 -m builder "$@"

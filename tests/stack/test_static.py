@@ -79,8 +79,11 @@ def test_gpu_stack_config(env_file: Path) -> None:
     assert "/readyz" in (REPO_ROOT / "docker/gateway/healthcheck.py").read_text()
     assert services["triton"]["shm_size"] and services["gateway"]["healthcheck"]["test"]
     volumes = {v["target"]: v for v in services["triton"]["volumes"]}
-    assert volumes["/models"]["source"] == "model_repository" and volumes["/models"]["read_only"]
-    assert {v["target"] for v in services["builder"]["volumes"]} >= {"/models", "/cache/huggingface", "/cache/tensorrt"}
+    assert volumes["/model_repository"]["source"] == "model_repository" and volumes["/model_repository"]["read_only"]
+    assert "--model-repository=/model_repository/models" in services["triton"]["command"]
+    assert {v["target"] for v in services["builder"]["volumes"]} >= {"/model_repository", "/cache/huggingface", "/cache/tensorrt"}
+    builder_cmd = (REPO_ROOT / "docker/builder/Dockerfile").read_text()
+    assert '"--repository", "/model_repository/models"' in builder_cmd
     for service in services.values():
         for port in service.get("ports", []):
             assert port["host_ip"] == "127.0.0.1", f"{port} is not published on 127.0.0.1 only"
