@@ -100,7 +100,7 @@ def whole_path(args: argparse.Namespace, repo: Path, work: Path, machine: Machin
     texts = fixed_length_corpus(words=112, size=512)
     steps: list[StepResult] = []
     with start_triton(repo, work / "triton-6.log") as triton, \
-            GatewayProcess(triton.grpc_url, settings={"workers": str(args.path_workers), "shm": "system"},
+            GatewayProcess(triton.grpc_url, settings={"workers": str(args.path_workers), "shm": "system", **args.gateway_settings},
                            log_path=work / "gateway-6.log") as gw:
         gateway = Series(label="gateway /embed", spec=GatewaySpec(url=gw.url, endpoint="embed", model=name))
         direct = Series(label="triton direct grpc", spec=TritonSpec(url=triton.grpc_url, model=ensemble))
@@ -159,7 +159,7 @@ def profile_top(raw: Path, top: int = 25) -> list[str]:
 def gateway_workers(args: argparse.Namespace, repo: Path, work: Path, machine: Machine) -> RunRecord:
     """Benchmark 5 (with the profile)."""
     ensemble, name, task, _ = served(repo)
-    texts = make_corpus(CorpusSpec(size=2000))
+    texts = fixed_length_corpus(args.single_words, size=2000) if args.single_words else make_corpus(CorpusSpec(size=2000))
     endpoint = "embed" if task == "embed" else "classify"
     steps: list[StepResult] = []
     notes: list[str] = []
@@ -169,7 +169,7 @@ def gateway_workers(args: argparse.Namespace, repo: Path, work: Path, machine: M
         steps += run_sweep([Series(label="triton direct grpc", spec=TritonSpec(url=triton.grpc_url, model=ensemble))],
                            plan, texts, args.progress)
         for w in args.workers:
-            with GatewayProcess(triton.grpc_url, settings={"workers": str(w), "shm": "system"},
+            with GatewayProcess(triton.grpc_url, settings={"workers": str(w), "shm": "system", **args.gateway_settings},
                                 log_path=work / f"gateway-5-w{w}.log") as gw:
                 time.sleep(1.0 + 0.2 * w)  # every worker up
                 steps += run_sweep([Series(label=f"gateway {w} workers",
@@ -185,7 +185,9 @@ def gateway_workers(args: argparse.Namespace, repo: Path, work: Path, machine: M
     direct = next(s for s in steps if s.label == "triton direct grpc")
     ratios["best gateway / triton direct"] = max(s.throughput_rps for s in by_w.values()) / direct.throughput_rps
     ratios["client µs per request (gateway, max)"] = max(s.client_cpu_us_per_request for s in by_w.values())
-    return _save(args, "5-gateway-workers", f"Single texts (length mix) at concurrency {args.single_concurrency} "
+    corpus = f"{args.single_words}-word texts" if args.single_words else "length mix"
+    notes.append(f"gateway settings: shm system, {args.gateway_settings or 'defaults (shm_pool_size 4)'}")
+    return _save(args, "5-gateway-workers" + (f"-{args.single_words}w" if args.single_words else ""), f"Single texts ({corpus}) at concurrency {args.single_concurrency} "
                  f"through the gateway with 1..N uvicorn workers, {args.procs} client processes.", machine, steps,
                  ratios, notes, {"workers": args.workers, "procs": args.procs})
 
@@ -197,7 +199,7 @@ def profile_gateway(args: argparse.Namespace, triton_url: str, endpoint: str, na
 
     from loadtest.runner import run_step
 
-    with GatewayProcess(triton_url, settings={"workers": "1", "shm": "system"},
+    with GatewayProcess(triton_url, settings={"workers": "1", "shm": "system", **args.gateway_settings},
                         log_path=work / "gateway-5-profile.log") as gw:
         assert gw.process
         raw = work / "pyspy.raw"
@@ -246,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--path-workers", type=int, default=4)
     p.add_argument("--procs", type=int, default=4)
     p.add_argument("--single-concurrency", type=int, default=128)
+    p.add_argument("--gateway-setting", action="append", default=[],
+                   help="extra GATEWAY_* setting for every gateway, e.g. shm_pool_size=64 (repeatable)")
+    p.add_argument("--single-words", type=int, default=0, help="benchmark 5: texts of N words (0: the length mix)")
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--model-seconds", type=float, default=2.0)
@@ -255,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False)
     args = p.parse_args(argv)
     args.workers = [int(x) for x in args.workers.split(",")]
+    args.gateway_settings = dict(kv.split("=", 1) for kv in args.gateway_setting)
     if args.repository is not None:
         args.shape = f"as built in {args.repository}"
     args.batches = [int(x) for x in args.batches.split(",")]
