@@ -25,9 +25,21 @@ ENCODER_TYPES = frozenset(
 # Families whose position ids start after padding_idx (max_position_embeddings - padding_idx - 1 usable).
 OFFSET_POSITION_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "data2vec-text", "xmod", "luke"})
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$|^[A-Za-z0-9][\w.\-]*$")
-HUB_PATTERNS = [
-    "*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "sentencepiece*", "*.spm",
-]
+HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.spm", "sentencepiece*", "*Pooling/*"]
+WEIGHT_PATTERNS = {"safetensors": ["*.safetensors"], "bin": ["pytorch_model*.bin"]}
+
+
+def _weight_patterns(model: str, revision: str | None) -> list[str]:
+    """safetensors when the repository has them, else PyTorch .bin files (never both: they are large)."""
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().list_repo_files(model, revision=revision)
+    except Exception:  # noqa: BLE001 - offline or unknown: snapshot_download reports it precisely
+        return WEIGHT_PATTERNS["safetensors"] + WEIGHT_PATTERNS["bin"]
+    if any(f.endswith(".safetensors") for f in files):
+        return WEIGHT_PATTERNS["safetensors"]
+    return WEIGHT_PATTERNS["bin"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +82,8 @@ def _download(model: str, revision: str | None) -> tuple[Path, str]:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        local = Path(snapshot_download(repo_id=model, revision=revision, allow_patterns=HUB_PATTERNS))
+        patterns = HUB_PATTERNS + _weight_patterns(model, revision)
+        local = Path(snapshot_download(repo_id=model, revision=revision, allow_patterns=patterns))
     except RepositoryNotFoundError:
         raise BuildError(f"unknown model id {model!r}: not found on the Hugging Face hub (or needs HF_TOKEN)") from None
     except LocalEntryNotFoundError:
