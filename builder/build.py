@@ -29,7 +29,7 @@ from builder.source import (
     sentence_transformers_pooling,
 )
 from builder import tensorrt_engine
-from builder.optimize import onnx_op_counts, optimize_for_onnxruntime
+from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
 
 Log = Callable[[str], None]
 ENTRY_SUFFIXES = ("_tokenizer", "_onnx", "_onnx_ensemble", "_trt_fp16", "_trt_fp16_ensemble")
@@ -190,7 +190,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
                 log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); publishing the plain export")
         if not facts.optimized:
-            shutil.copyfile(raw_path, onnx_path)
+            publish_onnx(raw_path, onnx_path)
         facts.ops = onnx_op_counts(onnx_path)
         results.append(compare("onnx", s.task, reference, _onnx_outputs(onnx_path, inputs, s.output_name), s.max_seq_len))
         if not s.skip_parity:

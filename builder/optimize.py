@@ -18,6 +18,24 @@ FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "Embed
              "BiasGelu", "FastGelu", "Gelu", "LayerNormalization", "SkipSimplifiedLayerNormalization")
 
 
+# protobuf cannot hold more than 2 GiB: larger models keep their weights in `model.onnx.data`.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+def exported_size(path: Path) -> int:
+    """Bytes of an exported model, counting external-data files written beside it."""
+    return sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file())
+
+
+def publish_onnx(source: Path, target: Path) -> None:
+    """Write `source` (whose directory may hold torch's per-tensor external files) as `target`:
+    one self-contained file, or `target` + `target.name`.data above the protobuf limit."""
+    large = exported_size(source) > EXTERNAL_DATA_THRESHOLD
+    model = onnx.load(str(source), load_external_data=True)
+    onnx.save_model(model, str(target), save_as_external_data=large, all_tensors_to_one_file=True,
+                    location=f"{target.name}.data")
+
+
 def optimize_for_onnxruntime(source: Path, target: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
     """Run onnxruntime's transformer optimizer (BERT fusions, fp32) from `source` into `target`.
 
@@ -27,6 +45,6 @@ def optimize_for_onnxruntime(source: Path, target: Path, num_heads: int, hidden_
 
     optimized = optimize_model(str(source), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
                                opt_level=0, use_gpu=False)
-    optimized.save_model_to_file(str(target))
+    optimized.save_model_to_file(str(target), use_external_data_format=exported_size(source) > EXTERNAL_DATA_THRESHOLD)
     counts = onnx_op_counts(target)
     return {op: counts[op] for op in FUSED_OPS if op in counts}

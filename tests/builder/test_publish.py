@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,25 @@ def test_staging_needs_an_existing_parent(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="parent directory"):
         with staging_directory(tmp_path / "missing" / "repo"):
             pass
+
+
+def test_large_models_keep_weights_in_external_data(python_repository: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the protobuf limit (lowered here) the published model.onnx keeps its weights in model.onnx.data."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from builder import optimize
+
+    source_dir = tmp_path / "export"
+    source_dir.mkdir()
+    shutil.copy(python_repository / "tinyemb_onnx" / "1" / "model.onnx", source_dir / "model.onnx")
+    monkeypatch.setattr(optimize, "EXTERNAL_DATA_THRESHOLD", 1000)
+    target = tmp_path / "published" / "model.onnx"
+    target.parent.mkdir()
+    optimize.publish_onnx(source_dir / "model.onnx", target)
+    assert (target.parent / "model.onnx.data").stat().st_size > target.stat().st_size
+    feed = {"input_ids": np.full((2, 5), 7, np.int32), "attention_mask": np.ones((2, 5), np.int32),
+            "token_type_ids": np.zeros((2, 5), np.int32)}
+    expected = ort.InferenceSession(str(source_dir / "model.onnx")).run(None, feed)[0]
+    np.testing.assert_array_equal(ort.InferenceSession(str(target)).run(None, feed)[0], expected)
