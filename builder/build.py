@@ -9,17 +9,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnxruntime as ort
 
-from builder import configs
+from builder import configs, tensorrt_engine
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import Manifest, OnnxFacts, fingerprint, library_versions, python_version, read_manifest, write_manifest
+from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
 from builder.parity import ParityResult, compare, parity_inputs, torch_reference
 from builder.publish import publish, staging_directory
-from builder.settings import BuildRequest, ResolvedSettings, default_preferred_batch_sizes
+from builder.settings import BuildRequest, Format, Pooling, ResolvedSettings, Task, default_preferred_batch_sizes
 from builder.source import (
     ModelSource,
     config_labels,
@@ -28,8 +30,6 @@ from builder.source import (
     resolve_source,
     sentence_transformers_pooling,
 )
-from builder import tensorrt_engine
-from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
 
 Log = Callable[[str], None]
 ENTRY_SUFFIXES = ("_tokenizer", "_onnx", "_onnx_ensemble", "_trt_fp16", "_trt_fp16_ensemble")
@@ -59,7 +59,7 @@ class BuildOutcome:
     seconds: float = 0.0
 
 
-def resolve_formats(request: BuildRequest, log: Log) -> list[str]:
+def resolve_formats(request: BuildRequest, log: Log) -> list[Format]:
     """Explicit formats are checked; the default is onnx,trt where TensorRT is importable, else onnx."""
     available = tensorrt_engine.tensorrt_available()
     if request.formats is None:
@@ -76,41 +76,44 @@ def resolve_formats(request: BuildRequest, log: Log) -> list[str]:
     return formats
 
 
-def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[str]) -> ResolvedSettings:
+def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[Format]) -> ResolvedSettings:
     """Fill every default from the model and reject settings the model cannot honour."""
     if request.task not in ("classify", "embed"):
         raise BuildError(f"unsupported task {request.task!r}: choose classify or embed")
+    task = cast(Task, request.task)
     limit = model_max_seq_len(source)
     max_seq_len = request.max_seq_len or min(limit, 512)
     if max_seq_len > limit:
         raise BuildError(f"{request.name}: --max-seq-len {max_seq_len} is above the model's limit of {limit} tokens")
     labels: list[str] | None = None
-    pooling = None
-    if request.task == "classify":
+    pooling: Pooling | None = None
+    if task == "classify":
         if has_classification_head(source.config):
             labels = request.labels or config_labels(source.config)
-            num_labels = int(source.config.num_labels)
+            num_labels = int(source.config.num_labels or 0)
             if labels is None or len(labels) != num_labels:
-                raise BuildError(f"{request.name}: {len(labels or [])} labels given but the model's head has {num_labels} outputs")
+                raise BuildError(
+                    f"{request.name}: {len(labels or [])} labels given but the model's head has {num_labels} outputs")
         elif request.labels:
             labels = request.labels
         else:
             raise BuildError(f"{request.name}: {request.model!r} has no sequence-classification head; "
                              "give --labels to add a new (random) head, or use --task embed")
     else:
-        pooling = request.pooling or sentence_transformers_pooling(source.path) or "mean"
+        pooling = request.pooling or cast(Pooling | None, sentence_transformers_pooling(source.path)) or "mean"
     if any(b <= 0 for b in request.length_buckets):
         raise BuildError(f"{request.name}: --length-buckets must be positive integers")
     preferred = request.preferred_batch_sizes or default_preferred_batch_sizes(request.max_batch_size)
     if any(p <= 0 or p > request.max_batch_size for p in preferred):
         raise BuildError(f"{request.name}: preferred batch sizes must be within 1..{request.max_batch_size}")
     return ResolvedSettings(
-        model=request.model, revision=source.revision, task=request.task, name=request.name, formats=formats,
+        model=request.model, revision=source.revision, task=task, name=request.name, formats=formats,
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
         pooling=pooling, labels=labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
-        tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset, onnx_optimize=request.onnx_optimize,
+        tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
+        onnx_optimize=request.onnx_optimize,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
     )
@@ -183,12 +186,14 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         onnx_path.parent.mkdir(parents=True, exist_ok=True)
         if s.onnx_optimize:
             try:
-                facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, int(getattr(config, "num_attention_heads", 0) or 0),
-                                                           int(getattr(config, "hidden_size", 0) or 0))
+                heads = int(getattr(config, "num_attention_heads", 0) or 0)
+                hidden = int(getattr(config, "hidden_size", 0) or 0)
+                facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden)
                 facts.optimized = True
                 log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops}")
             except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
-                log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); publishing the plain export")
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({reason}); publishing the plain export")
         if not facts.optimized:
             publish_onnx(raw_path, onnx_path)
         facts.ops = onnx_op_counts(onnx_path)

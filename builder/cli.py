@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def requests_from_args(args: argparse.Namespace) -> list[BuildRequest]:
     """Build requests from `--spec` (CLI options given too override every entry) or from the CLI options alone."""
-    options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in ("dynamic_batching", "skip_parity", "onnx_optimize")}
+    flags = ("dynamic_batching", "skip_parity", "onnx_optimize")
+    options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in flags}
     given = {k: v for k, v in options.items() if v is not None}
     if args.spec is not None:
         if {"model", "task", "name"} & set(given):

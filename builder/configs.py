@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -14,7 +15,7 @@ TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LABELS_FILE = "labels.txt"
 
 
-def model_names(name: str, formats: list[str]) -> dict[str, str]:
+def model_names(name: str, formats: Sequence[str]) -> dict[str, str]:
     """Repository entry names: tokenizer, and step + ensemble per format ("onnx", "trt")."""
     names = {"tokenizer": f"{name}_tokenizer"}
     for fmt in formats:

@@ -17,7 +17,8 @@ from builder.parity import ParityResult
 from builder.settings import ResolvedSettings
 
 MANIFEST_FILE = "build_manifest.json"
-_LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", "tensorrt", "tritonclient", "numpy")
+_LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", "tensorrt",
+              "tritonclient", "numpy")
 
 
 class OnnxFacts(BaseModel):

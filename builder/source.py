@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
 
@@ -116,7 +116,8 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         raise BuildError(f"cannot read the config of {model!r}: {str(exc).splitlines()[0]}") from None
-    if config.model_type not in ENCODER_TYPES or getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+    decoder = getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False)
+    if config.model_type not in ENCODER_TYPES or decoder:
         raise BuildError(f"model {model!r} is a {config.model_type!r} model, not a supported encoder (BERT family)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -127,7 +128,7 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
     if tokenizer.backend_tokenizer.get_vocab_size() <= len(set(tokenizer.all_special_ids)):
         # transformers 5 builds an empty tokenizer when a checkpoint ships no tokenizer files
         raise BuildError(f"model {model!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); a fast tokenizer is required")
-    return ModelSource(model, path, commit, hashes, config, tokenizer)
+    return ModelSource(model, path, commit, hashes, config, cast(PreTrainedTokenizerFast, tokenizer))
 
 
 def model_max_seq_len(source: ModelSource) -> int:

@@ -51,4 +51,7 @@ class TritonPythonModel:
                 size = inputs[i]["input_ids"].shape[0]
                 outputs[i] = result[start:start + size]
                 start += size
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(self.output, np.ascontiguousarray(o, dtype=np.float32))]) for o in outputs]
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(self.output, np.ascontiguousarray(o, dtype=np.float32))])
+            for o in outputs
+        ]

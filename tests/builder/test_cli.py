@@ -100,7 +100,8 @@ def test_bad_spec_files(repository: Path, tmp_path: Path, capsys: pytest.Capture
     specs = {
         "not: [valid": "not valid YAML",
         "defaults: {}\n": "non-empty `models:` list",
-        "models:\n  - {name: x, task: embed, model: '${BUILDER_TEST_UNSET_VARIABLE}'}\n": "BUILDER_TEST_UNSET_VARIABLE is not set",
+        "models:\n  - {name: x, task: embed, model: '${BUILDER_TEST_UNSET_VARIABLE}'}\n":
+            "BUILDER_TEST_UNSET_VARIABLE is not set",
         "models:\n  - {name: x, task: embed, model: /m, colour: blue}\n": "invalid colour",
         "models:\n  - {name: x, task: embed, model: /m, max_seq_len: lots}\n": "invalid max-seq-len",
     }

@@ -66,7 +66,8 @@ def test_trt_parity_thresholds() -> None:
 
 
 @pytest.mark.tensorrt
-@pytest.mark.skipif(not tensorrt_available(), reason="the `tensorrt` Python package is not installed (TensorRT cannot be obtained on this machine; runs in the NGC TensorRT image)")
+@pytest.mark.skipif(not tensorrt_available(), reason="the `tensorrt` Python package is not installed "
+                    "(TensorRT cannot be obtained on this machine; runs in the NGC TensorRT image)")
 def test_engine_build_and_parity(python_repository: Path, tiny_classifier_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
