@@ -31,7 +31,12 @@ from loadtest.report import RESULTS_DIR, RunRecord, save, summary_markdown
 from loadtest.stats import StepResult, StepSettings
 from loadtest.sweep import Series, run_sweep
 from loadtest.targets import GatewaySpec, TritonSpec
-from loadtest.variants import ensembles, pad_to_max_length, read_config, without_dynamic_batching
+from loadtest.variants import (
+    ensembles,
+    pad_to_max_length,
+    read_config,
+    without_dynamic_batching,
+)
 
 
 class Bench(BaseModel):
@@ -118,8 +123,8 @@ def gateway_and_shm(bench: Bench, texts: list[str], machine: Machine) -> list[Ru
             "throughput gateway/direct at c=1": ratio(g1.throughput_rps, d1.throughput_rps),
             "throughput gateway/direct at c=32": ratio(g32.throughput_rps, d32.throughput_rps),
         }
-        notes1 = [f"targets: p50 added <= 1 ms at c=1 ({ratios1['p50 added at c=1 (ms)']:.2f}), "
-                  f"throughput >= 0.80 of direct at c=32 ({ratios1['throughput gateway/direct at c=32']:.2f})",
+        notes1 = [(f"targets: p50 added <= 1 ms at c=1 ({ratios1['p50 added at c=1 (ms)']:.2f}), "
+                   f"throughput >= 0.80 of direct at c=32 ({ratios1['throughput gateway/direct at c=32']:.2f})"),
                   "load generator, gateway and tritonserver share the same cores"]
         rec1 = _record(bench, "1-gateway-overhead", "Gateway (1 worker, shm) vs direct tritonclient gRPC on the "
                        f"same ensemble `{ensemble}`, single texts from the length-mix corpus.", machine, steps1,
@@ -139,8 +144,8 @@ def gateway_and_shm(bench: Bench, texts: list[str], machine: Machine) -> list[Ru
             s, n = find(steps2, "direct shm", batch=batch), find(steps2, "direct grpc", batch=batch)
             ratios2[f"direct {batch} text(s): p50 shm/grpc"] = ratio(s.latency_ms.p50, n.latency_ms.p50)
             ratios2[f"direct {batch} text(s): throughput shm/grpc"] = ratio(s.throughput_rps, n.throughput_rps)
-        notes2 = [f"direct requests are capped at the ensemble's max_batch_size ({max_batch}); the gateway "
-                  "splits 256-text requests itself"] if big < 256 else []
+        notes2 = [(f"direct requests are capped at the ensemble's max_batch_size ({max_batch}); the gateway "
+                   "splits 256-text requests itself")] if big < 256 else []
         rec2 = _record(bench, "2-shm-vs-grpc", "System shared memory vs tensors in the gRPC message, "
                        "at concurrency 1: gateway with GATEWAY_SHM=system vs none, and tritonclient directly.",
                        machine, steps2, ratios2, notes2, {"ensemble": ensemble, "direct_big_batch": big})

@@ -12,22 +12,9 @@ import random
 
 from pydantic import BaseModel, Field
 
-WORDS = (
-    "the of and to in is for on that with as by at from this be are was it an or not "
-    "model server request latency throughput token batch queue graph tensor memory "
-    "network client service search query answer document passage review product price "
-    "delivery quality support account payment order refund shipping weather city music "
-    "movie book travel hotel flight train station market energy climate policy health "
-    "doctor patient research study result data analysis value growth report annual "
-    "customer experience friendly helpful terrible excellent broken fast slow cheap "
-    "expensive recommend again never always great poor average window screen battery"
-).split()
+WORDS = ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "by", "at", "from", "this", "be", "are", "was", "it", "an", "or", "not", "model", "server", "request", "latency", "throughput", "token", "batch", "queue", "graph", "tensor", "memory", "network", "client", "service", "search", "query", "answer", "document", "passage", "review", "product", "price", "delivery", "quality", "support", "account", "payment", "order", "refund", "shipping", "weather", "city", "music", "movie", "book", "travel", "hotel", "flight", "train", "station", "market", "energy", "climate", "policy", "health", "doctor", "patient", "research", "study", "result", "data", "analysis", "value", "growth", "report", "annual", "customer", "experience", "friendly", "helpful", "terrible", "excellent", "broken", "fast", "slow", "cheap", "expensive", "recommend", "again", "never", "always", "great", "poor", "average", "window", "screen", "battery"]
 
-NON_ASCII = (
-    "café naïve über straße résumé façade jalapeño smörgåsbord crème brûlée déjà "
-    "東京 北京 機械学習 推論 服务器 模型 데이터 검색 Москва данные поиск сервер "
-    "ελληνικά δεδομένα العربية بيانات 🙂 🚀 ✓ € £ ¥ — … «» “”"
-).split()
+NON_ASCII = ["café", "naïve", "über", "straße", "résumé", "façade", "jalapeño", "smörgåsbord", "crème", "brûlée", "déjà", "東京", "北京", "機械学習", "推論", "服务器", "模型", "데이터", "검색", "Москва", "данные", "поиск", "сервер", "ελληνικά", "δεδομένα", "العربية", "بيانات", "🙂", "🚀", "✓", "€", "£", "¥", "—", "…", "«»", "“”"]
 
 
 class LengthBand(BaseModel):

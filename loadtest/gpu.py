@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
 from loadtest.bench import build_repository, served
@@ -94,7 +93,7 @@ print(json.dumps(out))
 
 def whole_path(args: argparse.Namespace, repo: Path, work: Path, machine: Machine) -> RunRecord:
     """Benchmark 6."""
-    ensemble, name, task, max_batch = served(repo)
+    ensemble, name, _task, max_batch = served(repo)
     alone = model_alone(repo, args.batches, 128, args.model_seconds)
     meta = alone.pop("meta")  # type: ignore[call-overload]
     texts = fixed_length_corpus(words=112, size=512)
@@ -124,8 +123,8 @@ def whole_path(args: argparse.Namespace, repo: Path, work: Path, machine: Machin
             s = next(x for x in steps if x.label == label and x.settings.batch == b)
             ratios[f"b={b} {label} / model alone"] = s.items_per_s / model_rate
     notes = [f"model alone: onnxruntime {meta['ort']} providers {meta['providers']}, seq 128, inputs from host memory",
-             "whole path: texts of ~120 tokens (bucket 128); concurrency max(4, min(64, 512/batch)); dynamic batching "
-             "may merge requests into larger model batches than the request's own",
+             ("whole path: texts of ~120 tokens (bucket 128); concurrency max(4, min(64, 512/batch)); dynamic "
+              "batching may merge requests into larger model batches than the request's own"),
              f"gateway workers {args.path_workers}, client processes up to {args.procs}, all on one host"]
     return _save(args, "6-whole-path-vs-model", "Texts/s reaching HTTP clients vs the model's own sequences/s at the "
                  f"same batch sizes, shape {args.shape}.", machine, steps, ratios, notes,
@@ -211,7 +210,7 @@ def profile_gateway(args: argparse.Namespace, triton_url: str, endpoint: str, na
         time.sleep(2)
         spy = subprocess.run(["py-spy", "record", "--pid", str(gw.process.pid), "--duration",
                               str(int(args.profile_seconds)), "--rate", "200", "--format", "raw", "--nonblocking",
-                              "-o", str(raw)], capture_output=True, text=True)
+                              "-o", str(raw)], capture_output=True, text=True, check=False)
         load.join()
     lines = profile_top(raw) if raw.exists() else [f"py-spy failed: {spy.stderr[-500:]}"]
     text = "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -66,7 +66,7 @@ def describe_machine() -> Machine:
             continue
     gpu = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     return Machine(
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         hostname=platform.node(),
         platform=platform.platform(),
         cpu=_cpu_model(),

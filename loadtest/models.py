@@ -46,7 +46,12 @@ def vocabulary() -> list[str]:
 def make_bert(path: Path, task: Task, shape: str = "small", num_labels: int = 3, seed: int = 0) -> Path:
     """Save a random BERT (+ fast tokenizer) for `task` under `path`; return `path`."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        BertModel,
+        BertTokenizerFast,
+    )
 
     path.mkdir(parents=True, exist_ok=True)
     vocab_file = path / "vocab.txt"

@@ -51,7 +51,7 @@ class _Recorder:
                 self.samples.append(f"{type(exc).__name__}: {exc}"[:300])
 
 
-def _batches(texts: list[str], batch: int, offset: int) -> "iter[list[str]]":  # type: ignore[valid-type]
+def _batches(texts: list[str], batch: int, offset: int) -> iter[list[str]]:  # type: ignore[valid-type]
     i = offset * 7919 % len(texts)
     while True:
         chunk = [texts[(i + k) % len(texts)] for k in range(batch)]

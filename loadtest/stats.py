@@ -32,7 +32,7 @@ class Latency(BaseModel):
     max: float
 
     @classmethod
-    def of(cls, seconds: np.ndarray) -> "Latency":
+    def of(cls, seconds: np.ndarray) -> Latency:
         if seconds.size == 0:
             return cls(mean=0, p50=0, p90=0, p95=0, p99=0, max=0)
         ms = seconds * 1000.0

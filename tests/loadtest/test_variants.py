@@ -8,7 +8,12 @@ import tritonclient.grpc as grpcclient
 
 from devstack.fake_repository import write_fake_repository
 from devstack.tritonserver import TritonServer
-from loadtest.variants import copy_with, pad_to_max_length, read_config, without_dynamic_batching
+from loadtest.variants import (
+    copy_with,
+    pad_to_max_length,
+    read_config,
+    without_dynamic_batching,
+)
 
 
 def _with_batching(name: str, config: object) -> bool:
