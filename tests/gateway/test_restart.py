@@ -34,8 +34,9 @@ async def test_triton_restart_under_traffic(fake_repository: Path, tmp_path: Pat
 
             task = asyncio.create_task(traffic())
             await asyncio.sleep(0.5)
-            phase = "down"
+            phase = "killing"  # a request that starts before the kill lands may still succeed
             await asyncio.to_thread(server.stop, True)  # SIGKILL: no goodbye, shm registrations lost
+            phase = "down"  # the process is gone: every request from here on must fail with 503
             await asyncio.sleep(1.0)
             phase = "restarting"
             await asyncio.to_thread(server.start)
@@ -48,11 +49,11 @@ async def test_triton_restart_under_traffic(fake_repository: Path, tmp_path: Pat
             status = grpcclient.InferenceServerClient(server.grpc_url).get_system_shared_memory_status(as_json=True)
             reregistered = [n for n in status.get("regions", {}) if n.startswith(prefix)]
 
-        phases = ("up", "crossing", "down", "restarting", "restarted")
+        phases = ("up", "crossing", "killing", "down", "restarting", "restarted")
         by_phase = {p: [(s, k) for q, s, k in seen if q == p] for p in phases}
         assert by_phase["up"] and all(s == 200 for s, _ in by_phase["up"]), by_phase["up"]
         assert by_phase["down"] and all(s == 503 for s, _ in by_phase["down"]), by_phase["down"]
-        assert {s for s, _ in by_phase["restarting"] + by_phase["crossing"]} <= {200, 503}, by_phase
+        assert {s for s, _ in by_phase["killing"] + by_phase["restarting"] + by_phase["crossing"]} <= {200, 503}, by_phase
         assert any(s == 200 for s, _ in by_phase["restarted"]), by_phase["restarted"]
         assert len(reregistered) == 6  # 2 regions x 3 ensembles, registered again after the restart
         assert shm_segments(prefix) == []
