@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -148,15 +149,15 @@ class TritonClient:
         outputs = [grpcclient.InferRequestedOutput(out_name), grpcclient.InferRequestedOutput("num_tokens")]
         pool = self.pools.get(endpoint.triton_model)
         start = time.perf_counter()
-        if pool is None:
-            inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
-            result = await self.grpc.infer(
-                endpoint.triton_model, [inp], outputs=outputs, client_timeout=self.timeout
-            )
-            TRITON_LATENCY.labels(model.name, "grpc").observe(time.perf_counter() - start)
-            return result.as_numpy(out_name).reshape(n, width), result.as_numpy("num_tokens").reshape(n)
-        payload = serialize_texts(texts)
-        async with pool.lease() as region:
+        async with pool.lease() if pool is not None else nullcontext() as region:
+            if region is None:  # no shm (GATEWAY_SHM=none) or every region busy: plain gRPC tensors
+                inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
+                result = await self.grpc.infer(
+                    endpoint.triton_model, [inp], outputs=outputs, client_timeout=self.timeout
+                )
+                TRITON_LATENCY.labels(model.name, "grpc").observe(time.perf_counter() - start)
+                return result.as_numpy(out_name).reshape(n, width), result.as_numpy("num_tokens").reshape(n)
+            payload = serialize_texts(texts)
             layout = region.layout
             if len(payload) <= layout.input_size:
                 region.write_input(payload)

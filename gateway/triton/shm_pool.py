@@ -97,7 +97,12 @@ class Region:
 
 
 class ShmPool:
-    """Fixed set of regions for one Triton model; `lease()` waits for a free one."""
+    """Fixed set of regions for one Triton model; `lease()` borrows a free one or gives None.
+
+    Never waiting for a region matters for throughput: a worker whose regions are all busy
+    sends the chunk as plain gRPC tensors instead of queueing behind the pool (waiting
+    capped one worker near pool_size / round-trip time, measured in docs/benchmarks.md).
+    """
 
     def __init__(self, prefix: str, layout: RegionLayout, size: int, quarantine_s: float = 10.0) -> None:
         self.layout = layout
@@ -109,13 +114,17 @@ class ShmPool:
         SHM_REGIONS.inc(size)
 
     @asynccontextmanager
-    async def lease(self) -> AsyncIterator[Region]:
-        """Borrow a region for one Triton call; it returns to the pool afterwards.
+    async def lease(self) -> AsyncIterator[Region | None]:
+        """Borrow a region for one Triton call (None when all are busy); it returns afterwards.
 
         When the call was abandoned (cancelled, timed out) Triton may still write into the
         region, so it rejoins the pool only after `quarantine_s`.
         """
-        region = await self._free.get()
+        try:
+            region = self._free.get_nowait()
+        except asyncio.QueueEmpty:
+            yield None
+            return
         SHM_IN_USE.inc()
         try:
             yield region
