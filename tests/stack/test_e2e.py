@@ -141,6 +141,8 @@ def project_leftovers(project: str) -> list[str]:
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     if not docker_available():
+        if os.environ.get("E2E_REQUIRE_DOCKER") == "1":  # scripts/test-e2e: a missing daemon is a failure
+            pytest.fail("no Docker daemon reachable, and scripts/test-e2e could not start one")
         pytest.skip("no Docker daemon reachable (start dockerd; see docs/deployment.md)")
     ensure_tools()
     subprocess.run([str(REPO_ROOT / "scripts" / "build-local-base")], check=True, capture_output=True)
