@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                        default=None, help="disable Triton's dynamic batcher on the tokenizer and model steps")
     build.add_argument("--no-onnx-optimize", dest="onnx_optimize", action="store_const", const=False, default=None,
                        help="publish the plain export instead of onnxruntime's transformer-optimizer output")
+    build.add_argument("--merge-buckets", dest="merge_buckets", action="store_const", const=True, default=None,
+                       help="python runtime: batch requests of different length buckets together (pads to the widest)")
     build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,
                        help="record parity numbers but publish even when they fail")
     return parser
@@ -67,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def requests_from_args(args: argparse.Namespace) -> list[BuildRequest]:
     """Build requests from `--spec` (CLI options given too override every entry) or from the CLI options alone."""
-    flags = ("dynamic_batching", "skip_parity", "onnx_optimize")
+    flags = ("dynamic_batching", "skip_parity", "onnx_optimize", "merge_buckets")
     options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in flags}
     given = {k: v for k, v in options.items() if v is not None}
     if args.spec is not None:

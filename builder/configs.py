@@ -78,6 +78,10 @@ def onnx_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
         # onnxruntime backend parameter / read by the python-backend runner
         key = "intra_op_thread_count" if settings.runtime == "native" else "intra_op_num_threads"
         config.parameters[key].string_value = str(settings.onnx_threads)
+    if settings.merge_buckets:  # the runner pads the merged requests itself
+        for tensor in config.input:
+            tensor.allow_ragged_batch = True
+        config.parameters["merge_buckets"].string_value = "1"
     return config
 
 

@@ -1,7 +1,9 @@
 """Triton python-backend model that runs model.onnx with onnxruntime (`--runtime python`).
 
 Requests of one execute() call that share a sequence length run as ONE onnxruntime call
-(concatenated along the batch axis, outputs split back). The CUDA execution provider is used
+(concatenated along the batch axis, outputs split back). With the config parameter
+`merge_buckets` (inputs marked allow_ragged_batch, so the dynamic batcher merges requests of
+different lengths) every request of the call is padded to the widest and all run as one call. The CUDA execution provider is used
 when the instance is KIND_GPU and onnxruntime offers it, else the CPU provider.
 """
 
@@ -13,6 +15,12 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _pad_to(tensor, width):
+    """Right-pad a [batch, seq] token tensor with zeros (attention mask 0: padding the encoder ignores)."""
+    missing = width - tensor.shape[1]
+    return tensor if missing == 0 else np.pad(tensor, ((0, 0), (0, missing)))
 
 
 class TritonPythonModel:
@@ -31,11 +39,15 @@ class TritonPythonModel:
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         self.provider = self.session.get_providers()[0]
+        self.merge_buckets = parameters.get("merge_buckets", {}).get("string_value", "") == "1"
 
     def execute(self, requests):
         inputs = [
             {name: pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in INPUTS} for r in requests
         ]
+        if self.merge_buckets:
+            width = max(tensors["input_ids"].shape[1] for tensors in inputs)
+            inputs = [{name: _pad_to(t, width) for name, t in tensors.items()} for tensors in inputs]
         groups = {}
         for index, tensors in enumerate(inputs):
             groups.setdefault(tensors["input_ids"].shape[1], []).append(index)

@@ -1,0 +1,67 @@
+"""--merge-buckets: the dynamic batcher merges requests of different length buckets into one
+model-step execution, and the results stay those of each text alone (real tritonserver)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from builder.errors import BuildError
+from devstack.tritonserver import TritonServer
+from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
+
+SHORT = "good movie"  # bucket 16
+LONG = "the food was terrible and the service slow " * 4  # bucket 64
+
+
+def _embed(url: str, text: str) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(url)
+    inp = grpcclient.InferInput("text", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+    return client.infer("m_onnx_ensemble", [inp]).as_numpy("embeddings")[0]
+
+
+def _step_counts(url: str) -> tuple[int, int]:
+    stats = grpcclient.InferenceServerClient(url).get_inference_statistics("m_onnx", as_json=True)
+    model = stats["model_stats"][0]
+    return int(model.get("inference_count", 0)), int(model.get("execution_count", 0))
+
+
+@pytest.mark.timeout(300)
+def test_merged_buckets_batch_together_and_match_single_requests(tiny_embedder_dir: Path, tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    # A long queue delay and one preferred size (the max batch, 8) make the batcher wait for the
+    # whole burst of 8, so one execution means the two buckets were merged.
+    build_repository(repository, [{"model": str(tiny_embedder_dir), "task": "embed", "name": "m"}],
+                     **PYTHON_CPU, **TINY_LIMITS, merge_buckets=True, max_queue_delay_us=500_000,
+                     preferred_batch_sizes="8")
+    config = text_format.Parse((repository / "m_onnx" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert all(i.allow_ragged_batch for i in config.input)
+    assert config.parameters["merge_buckets"].string_value == "1"
+
+    with TritonServer(repository, log_path=tmp_path / "triton.log") as server:
+        alone = {t: _embed(server.grpc_url, t) for t in (SHORT, LONG)}
+        before_inferences, before_executions = _step_counts(server.grpc_url)
+        texts = [SHORT, LONG] * 4
+        with ThreadPoolExecutor(len(texts)) as pool:
+            burst = list(pool.map(lambda t: _embed(server.grpc_url, t), texts))
+        inferences, executions = _step_counts(server.grpc_url)
+
+    assert inferences - before_inferences == len(texts)
+    # Without ragged batching the two buckets could never share an execution: at least 2.
+    assert executions - before_executions == 1, (executions - before_executions)
+    for text, got in zip(texts, burst):
+        np.testing.assert_allclose(got, alone[text], atol=1e-5)
+
+
+def test_merge_buckets_needs_the_python_runtime(tiny_embedder_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match="--merge-buckets needs --runtime python"):
+        build_repository(tmp_path / "repo", [{"model": str(tiny_embedder_dir), "task": "embed", "name": "m"}],
+                         formats="onnx", device="cpu", merge_buckets=True)
+    assert not (tmp_path / "repo").exists()
