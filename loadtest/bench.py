@@ -33,6 +33,7 @@ from loadtest.sweep import Series, run_sweep
 from loadtest.targets import GatewaySpec, TritonSpec
 from loadtest.variants import (
     ensembles,
+    merged_buckets,
     pad_to_max_length,
     read_config,
     without_dynamic_batching,
@@ -194,8 +195,27 @@ def dynamic_batching(bench: Bench, texts: list[str], machine: Machine) -> RunRec
                    {"throughput on/off at c=64": on_off}, ["target: >= 3x at concurrency 64"], {})
 
 
+def bucket_merging(bench: Bench, texts: list[str], machine: Machine) -> RunRecord:
+    """Benchmark 3m: per-request buckets vs buckets merged by the dynamic batcher (ragged batch,
+    padded to the widest request by the runner) vs padding everything to max_seq_len."""
+    merged = merged_buckets(bench.repository, bench.work / "repo-merged")
+    padded = pad_to_max_length(bench.repository, bench.work / "repo-padded")
+    levels = (16, 64)
+    plan = [bench.step(concurrency=c) for c in levels]
+    steps = _direct_pair(bench, texts, {"buckets": bench.repository, "merged buckets": merged,
+                                        "max-length": padded}, plan)
+    ratios = {}
+    for c in levels:
+        merged_rps = find(steps, "merged buckets", concurrency=c).throughput_rps
+        ratios[f"throughput merged/buckets at c={c}"] = ratio(merged_rps, find(steps, "buckets", concurrency=c).throughput_rps)
+        ratios[f"throughput merged/max-length at c={c}"] = ratio(merged_rps, find(steps, "max-length", concurrency=c).throughput_rps)
+    return _record(bench, "3m-bucket-merging", "Per-request length buckets vs buckets merged by the dynamic "
+                   "batcher (--merge-buckets) vs one bucket = max_seq_len, direct gRPC single texts from the "
+                   "length-mix corpus.", machine, steps, ratios, [], {})
+
+
 BENCHMARKS: dict[str, Callable[[Bench, list[str], Machine], object]] = {
-    "12": gateway_and_shm, "3": bucketing, "4": dynamic_batching,
+    "12": gateway_and_shm, "3": bucketing, "3m": bucket_merging, "4": dynamic_batching,
 }
 
 
@@ -205,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repository", type=Path, help="a built repository (default: build the small model)")
     p.add_argument("--shape", default="small", help="model shape when building (loadtest.models.SHAPES)")
     p.add_argument("--builder-arg", action="append", default=[], help="extra builder argument (repeatable)")
-    p.add_argument("--only", default="12,3,4", help="comma list of 12 (benchmarks 1+2), 3, 4")
+    p.add_argument("--only", default="12,3,4", help="comma list of 12 (benchmarks 1+2), 3, 3m (bucket merging), 4")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--work", type=Path, default=None)

@@ -62,6 +62,21 @@ def pad_to_max_length(repo: Path, dest: Path) -> Path:
     return copy_with(repo, dest, edit)
 
 
+def merged_buckets(repo: Path, dest: Path) -> Path:
+    """The python-backend model steps accept ragged batches and pad the merged batch themselves
+    (what `python -m builder build --merge-buckets` writes)."""
+
+    def edit(name: str, config: mc.ModelConfig) -> bool:
+        if config.backend != "python" or not any(i.name == "attention_mask" for i in config.input):
+            return False
+        for tensor in config.input:
+            tensor.allow_ragged_batch = True
+        config.parameters["merge_buckets"].string_value = "1"
+        return True
+
+    return copy_with(repo, dest, edit)
+
+
 def without_dynamic_batching(repo: Path, dest: Path) -> Path:
     """Every non-ensemble model without `dynamic_batching` (each request runs alone)."""
 
