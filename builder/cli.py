@@ -59,7 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--no-onnx-optimize", dest="onnx_optimize", action="store_const", const=False, default=None,
                        help="publish the plain export instead of onnxruntime's transformer-optimizer output")
     build.add_argument("--merge-buckets", dest="merge_buckets", action="store_const", const=True, default=None,
-                       help="python runtime: batch requests of different length buckets together (pads to the widest)")
+                       help="python runtime: batch requests of different length buckets together (pads to the widest); "
+                            "default on with --device gpu")
+    build.add_argument("--no-merge-buckets", dest="merge_buckets", action="store_const", const=False, default=None,
+                       help="keep each length bucket in batches of its own")
     build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,
                        help="record parity numbers but publish even when they fail")
     return parser

@@ -52,10 +52,11 @@ class BuildRequest(BaseModel):
     onnx_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per instance (0: its default)")
     opset: int = Field(default=17, ge=14)
     onnx_optimize: bool = True
-    merge_buckets: bool = Field(
-        default=False,
+    merge_buckets: bool | None = Field(
+        default=None,
         description="python runtime: let the dynamic batcher merge requests of different length buckets "
-        "(ragged batching); the runner pads the merged batch to its widest request",
+        "(ragged batching); the runner pads the merged batch to its widest request. "
+        "Default: on for --runtime python --device gpu, off otherwise",
     )
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
     trt_workspace_mib: int = Field(default=4096, gt=0)

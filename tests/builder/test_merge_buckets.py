@@ -65,3 +65,17 @@ def test_merge_buckets_needs_the_python_runtime(tiny_embedder_dir: Path, tmp_pat
         build_repository(tmp_path / "repo", [{"model": str(tiny_embedder_dir), "task": "embed", "name": "m"}],
                          formats="onnx", device="cpu", merge_buckets=True)
     assert not (tmp_path / "repo").exists()
+
+
+def test_merge_buckets_defaults_to_on_for_gpu_python_runtime_only(tiny_embedder_dir: Path) -> None:
+    from builder.build import plan
+    from builder.settings import BuildRequest
+
+    def merged(**options: object) -> bool:
+        request = BuildRequest.model_validate({"model": str(tiny_embedder_dir), "task": "embed", "name": "m", **options})
+        return plan(request, []).settings.merge_buckets
+
+    assert merged(runtime="python", device="gpu") is True
+    assert merged(runtime="python", device="cpu") is False
+    assert merged(runtime="python", device="gpu", merge_buckets=False) is False
+    assert merged(runtime="native", device="gpu", formats="onnx") is False
