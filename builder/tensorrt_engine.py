@@ -21,14 +21,6 @@ def tensorrt_available() -> bool:
     return importlib.util.find_spec("tensorrt") is not None
 
 
-def tensorrt_version() -> str | None:
-    if not tensorrt_available():
-        return None
-    import tensorrt as trt
-
-    return str(trt.__version__)
-
-
 class ProfileShapes(BaseModel):
     """min/opt/max [batch, seq] of the single optimization profile, the same for all three inputs."""
 

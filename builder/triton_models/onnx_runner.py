@@ -38,7 +38,6 @@ class TritonPythonModel:
             providers = [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
-        self.provider = self.session.get_providers()[0]
         self.merge_buckets = parameters.get("merge_buckets", {}).get("string_value", "") == "1"
 
     def execute(self, requests):

@@ -6,10 +6,10 @@ import logging
 import time
 import uuid
 
-import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.metrics import ERRORS, IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
+from gateway.api.errors import TooManyRequests, error_response
+from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
 
 log = logging.getLogger("gateway.access")
 _UNTRACKED = {"/metrics", "/healthz", "/readyz"}
@@ -42,7 +42,8 @@ class RequestContextMiddleware:
 
         start = time.perf_counter()
         if self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
-            await self._reject(send_with_id)
+            rejection = error_response(TooManyRequests.status, TooManyRequests.type, "too many requests in flight")
+            await rejection(scope, receive, send_with_id)
             self._record(scope, rid, status, time.perf_counter() - start)
             return
         self.in_flight += 1
@@ -53,17 +54,6 @@ class RequestContextMiddleware:
             self.in_flight -= 1
             IN_FLIGHT.dec()
             self._record(scope, rid, status, time.perf_counter() - start)
-
-    @staticmethod
-    async def _reject(send: Send) -> None:
-        ERRORS.labels("rate_limited").inc()
-        body = orjson.dumps({"error": {"type": "rate_limited", "message": "too many requests in flight"}})
-        await send({
-            "type": "http.response.start",
-            "status": 429,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        })
-        await send({"type": "http.response.body", "body": body})
 
     @staticmethod
     def _record(scope: Scope, rid: str, status: int, elapsed: float) -> None:
