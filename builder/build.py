@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import time
@@ -15,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from builder import configs, tensorrt_engine
+from contract import LABELS_FILE, TOKENIZATION_MODULE, TOKENIZER_FILE, entry_names
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import Manifest, OnnxFacts, fingerprint, library_versions, python_version, read_manifest, write_manifest
@@ -32,7 +34,6 @@ from builder.source import (
 )
 
 Log = Callable[[str], None]
-ENTRY_SUFFIXES = ("_tokenizer", "_onnx", "_onnx_ensemble", "_trt_fp16", "_trt_fp16_ensemble")
 
 
 def _stderr(message: str) -> None:
@@ -113,6 +114,10 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     preferred = request.preferred_batch_sizes or default_preferred_batch_sizes(request.max_batch_size)
     if any(p <= 0 or p > request.max_batch_size for p in preferred):
         raise BuildError(f"{request.name}: preferred batch sizes must be within 1..{request.max_batch_size}")
+    precision = request.onnx_precision or ("fp16" if request.device == "gpu" and request.onnx_optimize else "fp32")
+    if precision == "fp16" and not request.onnx_optimize:
+        raise BuildError(f"{request.name}: --onnx-precision fp16 converts the optimized graph; it needs the optimizer "
+                         "(drop --no-onnx-optimize or use --onnx-precision fp32)")
     return ResolvedSettings(
         model=request.model, revision=source.revision, task=task, name=request.name, formats=formats,
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
@@ -120,7 +125,8 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
         tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
-        onnx_optimize=request.onnx_optimize, merge_buckets=merge_buckets,
+        onnx_optimize=request.onnx_optimize, onnx_precision=precision, max_batch_tokens=request.max_batch_tokens,
+        merge_buckets=merge_buckets,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
     )
@@ -153,8 +159,25 @@ def _copy_model_py(module: str, destination: Path) -> None:
     destination.write_text(text)
 
 
-def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], output: str) -> np.ndarray:
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+def _write_tokenizer(planned: PlannedBuild, tok_dir: Path) -> None:
+    """tokenizer.json, model.py and the shared tokenization module, then the config (with the file's hash)."""
+    version_dir = tok_dir / "1"
+    version_dir.mkdir(parents=True)
+    tokenizer = planned.source.tokenizer
+    tokenizer.backend_tokenizer.save(str(version_dir / TOKENIZER_FILE))
+    digest = hashlib.sha256((version_dir / TOKENIZER_FILE).read_bytes()).hexdigest()
+    _copy_model_py("tokenizer", version_dir / "model.py")
+    module = resources.files("contract").joinpath(TOKENIZATION_MODULE).read_text()
+    (version_dir / TOKENIZATION_MODULE).write_text(module)
+    configs.write_config(tok_dir, configs.tokenizer_config(planned.settings, int(tokenizer.pad_token_id or 0), digest))
+
+
+def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], output: str, device: str) -> np.ndarray:
+    """The published model's outputs, on the GPU when it is built for one and onnxruntime-gpu is installed."""
+    providers = ["CPUExecutionProvider"]
+    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    session = ort.InferenceSession(str(path), providers=providers)
     return np.asarray(session.run([output], inputs)[0])
 
 
@@ -168,10 +191,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     """Write every entry of one model into `staging`; raise BuildError when parity fails."""
     s, entries = planned.settings, planned.entries
     tokenizer = planned.source.tokenizer
-    tok_dir = staging / entries["tokenizer"]
-    configs.write_config(tok_dir, configs.tokenizer_config(s, int(tokenizer.pad_token_id or 0)))
-    tokenizer.backend_tokenizer.save(str(tok_dir / "1" / "tokenizer.json"))
-    _copy_model_py("tokenizer", tok_dir / "1" / "model.py")
+    _write_tokenizer(planned, staging / entries["tokenizer"])
 
     log(f"{s.name}: loading {s.model}")
     model: RepositoryModel = load_repository_model(planned.source.path, s, attn_implementation="eager")
@@ -195,19 +215,23 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             try:
                 heads = int(getattr(config, "num_attention_heads", 0) or 0)
                 hidden = int(getattr(config, "hidden_size", 0) or 0)
-                facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden)
+                facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden,
+                                                           float16=s.onnx_precision == "fp16")
                 facts.optimized = True
-                log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops}")
+                facts.precision = s.onnx_precision
+                log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops} ({facts.precision})")
             except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({reason}); publishing the plain export")
         if not facts.optimized:
             publish_onnx(raw_path, onnx_path)
         facts.ops = onnx_op_counts(onnx_path)
-        results.append(compare("onnx", s.task, reference, _onnx_outputs(onnx_path, inputs, s.output_name), s.max_seq_len))
+        artifact = "onnx_fp16" if facts.precision == "fp16" else "onnx"
+        results.append(compare(artifact, s.task, reference, _onnx_outputs(onnx_path, inputs, s.output_name, s.device),
+                               s.max_seq_len))
         if not s.skip_parity:
             _check(results[-1], planned, log)
-        configs.write_config(onnx_dir, configs.onnx_config(s, width))
+        configs.write_config(onnx_dir, configs.onnx_config(s, width, facts.precision))
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
     if "trt" in entries:
@@ -226,7 +250,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         ens_dir = staging / entries[f"{fmt}_ensemble"]
         configs.write_config(ens_dir, configs.ensemble_config(s, fmt, width))
         if s.task == "classify":
-            (ens_dir / configs.LABELS_FILE).write_text("".join(f"{label}\n" for label in s.labels or []))
+            (ens_dir / LABELS_FILE).write_text("".join(f"{label}\n" for label in s.labels or []))
     return results, facts
 
 
@@ -245,7 +269,7 @@ def _manifest(planned: PlannedBuild, parity: list[ParityResult], facts: OnnxFact
 def _stale_entries(repository: Path, planned: PlannedBuild) -> list[str]:
     """Existing entries of this NAME that the new build no longer produces (e.g. a dropped format)."""
     wanted = set(planned.entries.values())
-    names = {planned.settings.name + suffix for suffix in ENTRY_SUFFIXES}
+    names = set(entry_names(planned.settings.name))
     return sorted(n for n in names - wanted if (repository / n).exists())
 
 

@@ -33,6 +33,9 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default 1)"},
     "onnx_threads": {"type": int, "help": "onnxruntime intra-op threads per instance (default 0 = onnxruntime's choice)"},
     "opset": {"type": int, "help": "ONNX opset (default 17)"},
+    "onnx_precision": {"choices": ["fp32", "fp16"],
+                       "help": "precision of the published model.onnx (default fp16 with --device gpu, else fp32)"},
+    "max_batch_tokens": {"type": int, "help": "python runtime: token budget of one onnxruntime call (default 16384)"},
     "trt_opt_batch_size": {"type": int, "help": "TensorRT profile opt batch (default min(8, max-batch-size))"},
     "trt_workspace_mib": {"type": int, "help": "TensorRT workspace limit (default 4096)"},
     "trt_timing_cache": {"help": "TensorRT timing cache file reused across builds"},
@@ -59,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--no-onnx-optimize", dest="onnx_optimize", action="store_const", const=False, default=None,
                        help="publish the plain export instead of onnxruntime's transformer-optimizer output")
     build.add_argument("--merge-buckets", dest="merge_buckets", action="store_const", const=True, default=None,
-                       help="python runtime: batch requests of different length buckets together (pads to the widest); "
-                            "default on with --device gpu")
+                       help="python runtime: batch requests of different widths together (the runner sorts the rows "
+                            "by length and pads sub-batches to their own longest); default on with --device gpu")
     build.add_argument("--no-merge-buckets", dest="merge_buckets", action="store_const", const=False, default=None,
                        help="keep each length bucket in batches of its own")
     build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,

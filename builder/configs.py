@@ -9,19 +9,28 @@ import orjson
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder.settings import ResolvedSettings, effective_buckets
+from builder.settings import Format, ResolvedSettings, effective_buckets
+from contract import (
+    LABELS_FILE,
+    NUM_TOKENS,
+    TEXT,
+    TOKEN_INPUTS,
+    Param,
+    RepoBackend,
+    ensemble_model,
+    step_model,
+    tokenizer_model,
+)
 
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-LABELS_FILE = "labels.txt"
+REPO_BACKENDS: dict[Format, RepoBackend] = {"onnx": "onnx", "trt": "trt_fp16"}
 
 
-def model_names(name: str, formats: Sequence[str]) -> dict[str, str]:
+def model_names(name: str, formats: Sequence[Format]) -> dict[str, str]:
     """Repository entry names: tokenizer, and step + ensemble per format ("onnx", "trt")."""
-    names = {"tokenizer": f"{name}_tokenizer"}
+    names = {"tokenizer": tokenizer_model(name)}
     for fmt in formats:
-        step = f"{name}_onnx" if fmt == "onnx" else f"{name}_trt_fp16"
-        names[fmt] = step
-        names[f"{fmt}_ensemble"] = f"{step}_ensemble"
+        names[fmt] = step_model(name, REPO_BACKENDS[fmt])
+        names[f"{fmt}_ensemble"] = ensemble_model(name, REPO_BACKENDS[fmt])
     return names
 
 
@@ -40,20 +49,24 @@ def _set_parameters(config: mc.ModelConfig, values: dict[str, str]) -> None:
         config.parameters[key].string_value = value
 
 
-def tokenizer_config(settings: ResolvedSettings, pad_token_id: int) -> mc.ModelConfig:
-    """Python-backend tokenizer: text -> INT32 token tensors + num_tokens (always on CPU)."""
-    config = mc.ModelConfig(name=model_names(settings.name, [])["tokenizer"], backend="python",
+def tokenizer_config(settings: ResolvedSettings, pad_token_id: int, tokenizer_sha256: str) -> mc.ModelConfig:
+    """Python-backend tokenizer: text -> INT32 token tensors + num_tokens (always on CPU).
+
+    Its parameters also tell the gateway how to tokenize itself (max_seq_len, pad id, and the
+    sha256 of tokenizer.json, so that it uses the file Triton serves and no other)."""
+    config = mc.ModelConfig(name=tokenizer_model(settings.name), backend="python",
                             max_batch_size=settings.max_batch_size)
-    config.input.add(name="text", data_type=mc.TYPE_STRING, dims=[1])
+    config.input.add(name=TEXT, data_type=mc.TYPE_STRING, dims=[1])
     for name in TOKEN_INPUTS:
         config.output.add(name=name, data_type=mc.TYPE_INT32, dims=[-1])
-    config.output.add(name="num_tokens", data_type=mc.TYPE_INT32, dims=[1])
+    config.output.add(name=NUM_TOKENS, data_type=mc.TYPE_INT32, dims=[1])
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=settings.tokenizer_instances)
     _batching(config, settings)
     _set_parameters(config, {
-        "max_seq_len": str(settings.max_seq_len),
-        "length_buckets": ",".join(str(b) for b in effective_buckets(settings.length_buckets, settings.max_seq_len)),
-        "pad_token_id": str(pad_token_id),
+        Param.MAX_SEQ_LEN: str(settings.max_seq_len),
+        Param.LENGTH_BUCKETS: ",".join(str(b) for b in effective_buckets(settings.length_buckets, settings.max_seq_len)),
+        Param.PAD_TOKEN_ID: str(pad_token_id),
+        Param.TOKENIZER_SHA256: tokenizer_sha256,
     })
     return config
 
@@ -64,9 +77,9 @@ def _step_io(config: mc.ModelConfig, settings: ResolvedSettings, width: int) -> 
     config.output.add(name=settings.output_name, data_type=mc.TYPE_FP32, dims=[width])
 
 
-def onnx_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
+def onnx_config(settings: ResolvedSettings, width: int, precision: str) -> mc.ModelConfig:
     """The ONNX step: onnxruntime backend (native) or the python-backend onnxruntime runner."""
-    name = model_names(settings.name, ["onnx"])["onnx"]
+    name = step_model(settings.name, "onnx")
     if settings.runtime == "native":
         config = mc.ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=settings.max_batch_size)
     else:
@@ -74,22 +87,25 @@ def onnx_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
     _step_io(config, settings, width)
     config.instance_group.add(kind=_kind(settings), count=settings.instances)
     _batching(config, settings)
+    config.parameters[Param.PRECISION].string_value = precision
     if settings.onnx_threads:
         # onnxruntime backend parameter / read by the python-backend runner
-        key = "intra_op_thread_count" if settings.runtime == "native" else "intra_op_num_threads"
+        key = "intra_op_thread_count" if settings.runtime == "native" else Param.INTRA_OP_THREADS
         config.parameters[key].string_value = str(settings.onnx_threads)
-    if settings.merge_buckets:  # the runner pads the merged requests itself
+    if settings.runtime == "python":
+        config.parameters[Param.MAX_BATCH_TOKENS].string_value = str(settings.max_batch_tokens)
+    if settings.merge_buckets:  # the runner sorts the merged rows by length and pads sub-batches itself
         for tensor in config.input:
             tensor.allow_ragged_batch = True
-        config.parameters["merge_buckets"].string_value = "1"
     return config
 
 
 def trt_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
     """The TensorRT FP16 step; its engine has one optimization profile (index 0)."""
-    name = model_names(settings.name, ["trt"])["trt"]
+    name = step_model(settings.name, "trt_fp16")
     config = mc.ModelConfig(name=name, platform="tensorrt_plan", max_batch_size=settings.max_batch_size)
     _step_io(config, settings, width)
+    config.parameters[Param.PRECISION].string_value = "fp16"
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=settings.instances, profile=["0"])
     _batching(config, settings)
     return config
@@ -100,32 +116,32 @@ def ensemble_config(settings: ResolvedSettings, fmt: str, width: int) -> mc.Mode
     names = model_names(settings.name, [fmt])
     output = settings.output_name
     config = mc.ModelConfig(name=names[f"{fmt}_ensemble"], platform="ensemble", max_batch_size=settings.max_batch_size)
-    config.input.add(name="text", data_type=mc.TYPE_STRING, dims=[1])
+    config.input.add(name=TEXT, data_type=mc.TYPE_STRING, dims=[1])
     out = config.output.add(name=output, data_type=mc.TYPE_FP32, dims=[width])
     if settings.task == "classify":
         out.label_filename = LABELS_FILE
-    config.output.add(name="num_tokens", data_type=mc.TYPE_INT32, dims=[1])
+    config.output.add(name=NUM_TOKENS, data_type=mc.TYPE_INT32, dims=[1])
     tok = config.ensemble_scheduling.step.add(model_name=names["tokenizer"], model_version=-1)
-    tok.input_map["text"] = "text"
+    tok.input_map[TEXT] = TEXT
     for name in TOKEN_INPUTS:
         tok.output_map[name] = f"_{name}"
-    tok.output_map["num_tokens"] = "num_tokens"
+    tok.output_map[NUM_TOKENS] = NUM_TOKENS
     step = config.ensemble_scheduling.step.add(model_name=names[fmt], model_version=-1)
     for name in TOKEN_INPUTS:
         step.input_map[name] = f"_{name}"
     step.output_map[output] = output
     params = {
-        "task": settings.task,
-        "model_name": settings.name,
-        "backend": "onnx" if fmt == "onnx" else "trt_fp16",
-        "max_seq_len": str(settings.max_seq_len),
-        "source": settings.model,
+        Param.TASK: settings.task,
+        Param.MODEL_NAME: settings.name,
+        Param.BACKEND: REPO_BACKENDS[fmt],
+        Param.MAX_SEQ_LEN: str(settings.max_seq_len),
+        Param.SOURCE: settings.model,
     }
     if settings.task == "classify":
-        params["labels"] = orjson.dumps(settings.labels or []).decode()
+        params[Param.LABELS] = orjson.dumps(settings.labels or []).decode()
     else:
-        params["embedding_dim"] = str(width)
-        params["pooling"] = settings.pooling or "mean"
+        params[Param.EMBEDDING_DIM] = str(width)
+        params[Param.POOLING] = settings.pooling or "mean"
     _set_parameters(config, params)
     return config
 

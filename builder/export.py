@@ -15,8 +15,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification, PreTrain
 
 from builder.errors import BuildError
 from builder.settings import ResolvedSettings
-
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+from contract import TOKEN_INPUTS as INPUT_NAMES
 
 
 class RepositoryModel(nn.Module):

@@ -25,6 +25,7 @@ class OnnxFacts(BaseModel):
     """The published model.onnx: whether onnxruntime's transformer optimizer ran, what it fused, op counts."""
 
     optimized: bool = False
+    precision: str = "fp32"
     fused_ops: dict[str, int] = {}
     ops: dict[str, int] = {}
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerFast
 
 from builder.export import RepositoryModel
+from contract import TOKEN_INPUTS
 
 # Short, long, truncated (longer than any max_seq_len), empty, non-ASCII.
 SENTENCES: tuple[str, ...] = (
@@ -52,13 +53,13 @@ def parity_inputs(tokenizer: PreTrainedTokenizerFast, max_seq_len: int) -> dict[
     """The parity sentences as INT32 token tensors, truncated to max_seq_len and padded to the longest."""
     batch = tokenizer(list(SENTENCES), truncation=True, max_length=max_seq_len, padding="longest",
                       return_tensors="np", return_token_type_ids=True)
-    return {name: np.asarray(batch[name], dtype=np.int32) for name in ("input_ids", "attention_mask", "token_type_ids")}
+    return {name: np.asarray(batch[name], dtype=np.int32) for name in TOKEN_INPUTS}
 
 
 def torch_reference(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """PyTorch fp32 outputs for `inputs`."""
     with torch.inference_mode():
-        out = model(*(torch.from_numpy(inputs[name]) for name in ("input_ids", "attention_mask", "token_type_ids")))
+        out = model(*(torch.from_numpy(inputs[name]) for name in TOKEN_INPUTS))
     return out.float().numpy()
 
 

@@ -6,11 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-Task = Literal["classify", "embed"]
+from contract import Task, output_name
+
 Format = Literal["onnx", "trt"]
 Device = Literal["gpu", "cpu"]
 Runtime = Literal["native", "python"]
 Pooling = Literal["mean", "cls"]
+Precision = Literal["fp32", "fp16"]
 
 DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
 
@@ -52,11 +54,21 @@ class BuildRequest(BaseModel):
     onnx_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per instance (0: its default)")
     opset: int = Field(default=17, ge=14)
     onnx_optimize: bool = True
+    onnx_precision: Precision | None = Field(
+        default=None,
+        description="precision of the published model.onnx: fp16 (onnxruntime's float16 conversion of the "
+        "optimized graph, inputs and outputs stay int32/fp32) or fp32. Default: fp16 for --device gpu, fp32 on CPU",
+    )
+    max_batch_tokens: int = Field(
+        default=16384, gt=0,
+        description="python runtime: token budget of one onnxruntime call; rows of a merged batch are sorted by "
+        "length and cut into sub-batches under it, each padded to its own longest row",
+    )
     merge_buckets: bool | None = Field(
         default=None,
-        description="python runtime: let the dynamic batcher merge requests of different length buckets "
-        "(ragged batching); the runner pads the merged batch to its widest request. "
-        "Default: on for --runtime python --device gpu, off otherwise",
+        description="python runtime: let the dynamic batcher merge requests of different widths (ragged "
+        "batching); the runner sorts the merged rows by length and pads each sub-batch to its own longest. "
+        "Default: on for --runtime python",
     )
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
     trt_workspace_mib: int = Field(default=4096, gt=0)
@@ -89,6 +101,8 @@ class ResolvedSettings(BaseModel):
     onnx_threads: int
     opset: int
     onnx_optimize: bool
+    onnx_precision: Precision
+    max_batch_tokens: int
     merge_buckets: bool
     trt_opt_batch_size: int
     trt_workspace_mib: int
@@ -96,7 +110,7 @@ class ResolvedSettings(BaseModel):
 
     @property
     def output_name(self) -> str:
-        return "logits" if self.task == "classify" else "embeddings"
+        return output_name(self.task)
 
 
 def effective_buckets(buckets: list[int], max_seq_len: int) -> list[int]:

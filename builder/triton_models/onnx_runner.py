@@ -1,10 +1,14 @@
 """Triton python-backend model that runs model.onnx with onnxruntime (`--runtime python`).
 
-Requests of one execute() call that share a sequence length run as ONE onnxruntime call
-(concatenated along the batch axis, outputs split back). With the config parameter
-`merge_buckets` (inputs marked allow_ragged_batch, so the dynamic batcher merges requests of
-different lengths) every request of the call is padded to the widest and all run as one call. The CUDA execution provider is used
-when the instance is KIND_GPU and onnxruntime offers it, else the CPU provider.
+Every row of every request of one execute() call is sorted by its real length (attention mask)
+and the rows are cut into sub-batches under a token budget (config parameter `max_batch_tokens`),
+each padded only to its own longest row, so a batch that mixes a 500-token passage with short
+queries does not pad the queries to 500. A batch the gateway formed (one request, already
+tight) runs as it came. With `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's
+dynamic batcher merges requests of any width into one execute() call.
+
+The CUDA execution provider is used when the instance is KIND_GPU and onnxruntime offers it,
+else the CPU provider. Inputs and outputs stay int32 / float32 whatever the graph computes in.
 """
 
 import json
@@ -15,12 +19,31 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# A sub-batch is split where the padding it would add to its rows exceeds what one more
+# onnxruntime call costs, in tokens: a GPU call has a fixed cost of ~1-2 ms (a few thousand
+# tokens of bert-base), a CPU call almost none. GPU widths round up to a multiple of 8.
+_GPU = {"split_tokens": 1024, "pad_multiple": 8}
+_CPU = {"split_tokens": 64, "pad_multiple": 1}
 
 
-def _pad_to(tensor, width):
-    """Right-pad a [batch, seq] token tensor with zeros (attention mask 0: padding the encoder ignores)."""
-    missing = width - tensor.shape[1]
-    return tensor if missing == 0 else np.pad(tensor, ((0, 0), (0, missing)))
+def plan_sub_batches(lengths, max_tokens, pad_multiple, split_tokens, max_width):
+    """Row indices sorted by length, cut into groups; each group is (rows, padded width)."""
+    order = np.argsort(lengths, kind="stable")
+    groups, start, width = [], 0, 0
+    for position, row in enumerate(order):
+        length = max(int(lengths[row]), 1)
+        padded = min(-(-length // pad_multiple) * pad_multiple, max_width)
+        rows = position - start
+        if rows and (
+            (rows + 1) * padded > max_tokens or rows * (padded - width) > split_tokens
+        ):
+            groups.append((order[start:position], width))
+            start = position
+            rows = 0
+        width = padded if rows == 0 else max(width, padded)
+    if len(order):
+        groups.append((order[start:], width))
+    return groups
 
 
 class TritonPythonModel:
@@ -33,36 +56,48 @@ class TritonPythonModel:
         if threads > 0:
             options.intra_op_num_threads = threads
         providers = ["CPUExecutionProvider"]
+        tuning = _CPU
         if args.get("model_instance_kind") == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
             device = int(args.get("model_instance_device_id", "0"))
             providers = [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
+            tuning = _GPU
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
-        self.merge_buckets = parameters.get("merge_buckets", {}).get("string_value", "") == "1"
+        self.max_tokens = int(parameters.get("max_batch_tokens", {}).get("string_value", "0") or 16384)
+        self.pad_multiple = tuning["pad_multiple"]
+        self.split_tokens = tuning["split_tokens"]
+
+    def _run(self, feed):
+        return self.session.run([self.output], feed)[0]
 
     def execute(self, requests):
         inputs = [
-            {name: pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in INPUTS} for r in requests
+            [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in INPUTS] for r in requests
         ]
-        if self.merge_buckets:
-            width = max(tensors["input_ids"].shape[1] for tensors in inputs)
-            inputs = [{name: _pad_to(t, width) for name, t in tensors.items()} for tensors in inputs]
-        groups = {}
-        for index, tensors in enumerate(inputs):
-            groups.setdefault(tensors["input_ids"].shape[1], []).append(index)
-        outputs = [None] * len(requests)
-        for members in groups.values():
-            feed = {
-                name: np.ascontiguousarray(np.concatenate([inputs[i][name] for i in members]), dtype=np.int32)
-                for name in INPUTS
-            }
-            result = self.session.run([self.output], feed)[0]
-            start = 0
-            for i in members:
-                size = inputs[i]["input_ids"].shape[0]
-                outputs[i] = result[start:start + size]
-                start += size
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor(self.output, np.ascontiguousarray(o, dtype=np.float32))])
-            for o in outputs
-        ]
+        lengths = np.concatenate([mask.sum(axis=1) for _, mask, _ in inputs])
+        max_width = max(ids.shape[1] for ids, _, _ in inputs)
+        plan = plan_sub_batches(lengths, self.max_tokens, self.pad_multiple, self.split_tokens, max_width)
+        if len(inputs) == 1 and len(plan) == 1:  # e.g. a batch the gateway formed: run it as it came
+            width = plan[0][1]
+            feed = {name: np.ascontiguousarray(tensor[:, :width]) for name, tensor in zip(INPUTS, inputs[0])}
+            out = np.ascontiguousarray(self._run(feed), dtype=np.float32)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(self.output, out)])]
+        sources = [(r, row) for r, (ids, _, _) in enumerate(inputs) for row in range(ids.shape[0])]
+        results = [None] * len(sources)
+        for members, width in plan:
+            feed = [np.zeros((len(members), width), dtype=np.int32) for _ in INPUTS]
+            for k, index in enumerate(members):
+                r, row = sources[index]
+                cols = min(width, inputs[r][0].shape[1])
+                for tensor, source in zip(feed, inputs[r]):
+                    tensor[k, :cols] = source[row, :cols]
+            out = self._run(dict(zip(INPUTS, feed)))
+            for k, index in enumerate(members):
+                results[index] = out[k]
+        responses, start = [], 0
+        for ids, _, _ in inputs:
+            rows = ids.shape[0]
+            out = np.stack(results[start:start + rows]).astype(np.float32, copy=False)
+            start += rows
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.output, np.ascontiguousarray(out))]))
+        return responses

@@ -39,7 +39,7 @@ def test_layout(python_repository: Path) -> None:
         assert (python_repository / entry / "1").is_dir()
         assert (python_repository / entry / MANIFEST_FILE).is_file()
     for name in ("tinycls", "tinyemb"):
-        assert {p.name for p in (python_repository / f"{name}_tokenizer" / "1").iterdir()} == {"model.py", "tokenizer.json"}
+        assert {p.name for p in (python_repository / f"{name}_tokenizer" / "1").iterdir()} == {"model.py", "tokenizer.json", "tokenization.py"}
         assert {p.name for p in (python_repository / f"{name}_onnx" / "1").iterdir()} == {"model.py", "model.onnx"}
     assert (python_repository / "tinycls_onnx_ensemble" / "labels.txt").read_text().splitlines() == LABELS
     assert not (python_repository / "tinyemb_onnx_ensemble" / "labels.txt").exists()
@@ -195,8 +195,8 @@ def test_parity_failure_publishes_nothing(
     before = tree_hash(repo)
     real = build_module._onnx_outputs
 
-    def skewed(path: Path, inputs: dict[str, np.ndarray], output: str) -> np.ndarray:
-        return real(path, inputs, output) + np.float32(1e-3)  # a real run, off by more than 1e-4
+    def skewed(path: Path, inputs: dict[str, np.ndarray], output: str, device: str) -> np.ndarray:
+        return real(path, inputs, output, device) + np.float32(1e-3)  # a real run, off by more than 1e-4
 
     monkeypatch.setattr(build_module, "_onnx_outputs", skewed)
     model = [{"model": str(tiny_classifier_dir), "task": "classify", "name": "tinycls", "max_queue_delay_us": 7}]

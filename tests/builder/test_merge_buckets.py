@@ -43,7 +43,6 @@ def test_merged_buckets_batch_together_and_match_single_requests(tiny_embedder_d
                      preferred_batch_sizes="8")
     config = text_format.Parse((repository / "m_onnx" / "config.pbtxt").read_text(), mc.ModelConfig())
     assert all(i.allow_ragged_batch for i in config.input)
-    assert config.parameters["merge_buckets"].string_value == "1"
 
     with TritonServer(repository, log_path=tmp_path / "triton.log") as server:
         alone = {t: _embed(server.grpc_url, t) for t in (SHORT, LONG)}

@@ -1,0 +1,84 @@
+"""The model-repository contract: the names builder, Triton models, gateway and loadtest agree on.
+
+docs/contract.md explains it; this module is its only definition in code. The python-backend
+model files that run inside Triton (builder/triton_models) cannot import it and read the same
+names from their config instead; tests check that they agree with this module.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Task = Literal["classify", "embed"]
+TASKS: tuple[Task, ...] = get_args(Task)
+
+# Backends as the repository names them (ensemble parameter `backend`, entry suffix) and as the
+# HTTP API names them (`"backend": "onnx" | "trt"`).
+RepoBackend = Literal["onnx", "trt_fp16"]
+ApiBackend = Literal["onnx", "trt"]
+API_BACKEND: dict[str, ApiBackend] = {"onnx": "onnx", "trt_fp16": "trt", "trt": "trt"}
+REPO_BACKEND: dict[ApiBackend, RepoBackend] = {"onnx": "onnx", "trt": "trt_fp16"}
+BACKEND_PREFERENCE: tuple[ApiBackend, ...] = ("trt", "onnx")  # TensorRT first when both are built
+
+# Tensors.
+TEXT = "text"
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+TOKEN_TYPE_IDS = "token_type_ids"
+TOKEN_INPUTS: tuple[str, str, str] = (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS)
+NUM_TOKENS = "num_tokens"
+OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings"}
+
+# Files.
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZATION_MODULE = "tokenization.py"  # contract/tokenization.py, copied next to the tokenizer's model.py
+LABELS_FILE = "labels.txt"
+
+
+class Param:
+    """Keys of the string `parameters` of the repository's model configs."""
+
+    # ensembles (what the gateway discovers models by)
+    TASK = "task"
+    MODEL_NAME = "model_name"
+    BACKEND = "backend"
+    MAX_SEQ_LEN = "max_seq_len"
+    LABELS = "labels"
+    EMBEDDING_DIM = "embedding_dim"
+    POOLING = "pooling"
+    SOURCE = "source"
+    # tokenizer model
+    LENGTH_BUCKETS = "length_buckets"
+    PAD_TOKEN_ID = "pad_token_id"
+    TOKENIZER_SHA256 = "tokenizer_sha256"
+    # model steps
+    PRECISION = "precision"
+    MERGE_BUCKETS = "merge_buckets"
+    MAX_BATCH_TOKENS = "max_batch_tokens"
+    INTRA_OP_THREADS = "intra_op_num_threads"
+
+
+def output_name(task: Task) -> str:
+    """The model output of a task: `logits` or `embeddings`."""
+    return OUTPUTS[task]
+
+
+def tokenizer_model(name: str) -> str:
+    """Repository entry of a model's tokenizer."""
+    return f"{name}_tokenizer"
+
+
+def step_model(name: str, backend: RepoBackend) -> str:
+    """Repository entry of a model step: NAME_onnx or NAME_trt_fp16."""
+    return f"{name}_{backend}"
+
+
+def ensemble_model(name: str, backend: RepoBackend) -> str:
+    """Repository entry of the text -> output ensemble of one backend."""
+    return f"{step_model(name, backend)}_ensemble"
+
+
+def entry_names(name: str) -> tuple[str, ...]:
+    """Every entry a model NAME can own in a repository."""
+    steps = [step_model(name, b) for b in get_args(RepoBackend)]
+    return (tokenizer_model(name), *steps, *(f"{s}_ensemble" for s in steps))
