@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from builder import configs, tensorrt_engine
-from contract import LABELS_FILE, TOKENIZATION_MODULE, TOKENIZER_FILE, entry_names
+from contract import BATCHING_MODULE, LABELS_FILE, TOKENIZATION_MODULE, TOKENIZER_FILE, entry_names
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import Manifest, OnnxFacts, fingerprint, library_versions, python_version, read_manifest, write_manifest
@@ -234,6 +234,8 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         configs.write_config(onnx_dir, configs.onnx_config(s, width, facts.precision))
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
+            module = resources.files("contract").joinpath(BATCHING_MODULE).read_text()
+            (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
     if "trt" in entries:
         trt_dir = staging / entries["trt"]
         configs.write_config(trt_dir, configs.trt_config(s, width))

@@ -32,6 +32,7 @@ OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings"}
 # Files.
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZATION_MODULE = "tokenization.py"  # contract/tokenization.py, copied next to the tokenizer's model.py
+BATCHING_MODULE = "batching.py"  # contract/batching.py, copied next to the python runner's model.py
 LABELS_FILE = "labels.txt"
 
 
@@ -53,7 +54,6 @@ class Param:
     TOKENIZER_SHA256 = "tokenizer_sha256"
     # model steps
     PRECISION = "precision"
-    MERGE_BUCKETS = "merge_buckets"
     MAX_BATCH_TOKENS = "max_batch_tokens"
     INTRA_OP_THREADS = "intra_op_num_threads"
 

@@ -2,9 +2,10 @@
 
 Every row of every request of one execute() call is sorted by its real length (attention mask)
 and the rows are cut into sub-batches under a token budget (config parameter `max_batch_tokens`),
-each padded only to its own longest row, so a batch that mixes a 500-token passage with short
-queries does not pad the queries to 500. A batch the gateway formed (one request, already
-tight) runs as it came. With `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's
+each padded only to its own longest row (`batching.py`, the repository copy of
+contract/batching.py, the rule the gateway batches by), so a batch that mixes a 500-token
+passage with short queries does not pad the queries to 500. A batch the gateway formed (one
+request, already tight) runs as it came. With `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's
 dynamic batcher merges requests of any width into one execute() call.
 
 The CUDA execution provider is used when the instance is KIND_GPU and onnxruntime offers it,
@@ -13,37 +14,21 @@ else the CPU provider. Inputs and outputs stay int32 / float32 whatever the grap
 
 import json
 import os
+import sys
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from batching import plan_batches  # noqa: E402  (the repository copy of contract/batching.py)
+
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-# A sub-batch is split where the padding it would add to its rows exceeds what one more
-# onnxruntime call costs, in tokens: a GPU call has a fixed cost of ~1-2 ms (a few thousand
-# tokens of bert-base), a CPU call almost none. GPU widths round up to a multiple of 8.
-_GPU = {"split_tokens": 1024, "pad_multiple": 8}
-_CPU = {"split_tokens": 64, "pad_multiple": 1}
-
-
-def plan_sub_batches(lengths, max_tokens, pad_multiple, split_tokens, max_width):
-    """Row indices sorted by length, cut into groups; each group is (rows, padded width)."""
-    order = np.argsort(lengths, kind="stable")
-    groups, start, width = [], 0, 0
-    for position, row in enumerate(order):
-        length = max(int(lengths[row]), 1)
-        padded = min(-(-length // pad_multiple) * pad_multiple, max_width)
-        rows = position - start
-        if rows and (
-            (rows + 1) * padded > max_tokens or rows * (padded - width) > split_tokens
-        ):
-            groups.append((order[start:position], width))
-            start = position
-            rows = 0
-        width = padded if rows == 0 else max(width, padded)
-    if len(order):
-        groups.append((order[start:], width))
-    return groups
+# What one more onnxruntime call costs, in tokens of compute (contract/batching.py): on a GPU
+# a call has a fixed cost of ~1-2 ms, a few thousand tokens of bert-base; on a CPU almost none.
+# GPU widths round up to a multiple of 8 (tensor cores, fewer distinct shapes).
+_GPU = {"call_cost_tokens": 2048, "pad_multiple": 8}
+_CPU = {"call_cost_tokens": 64, "pad_multiple": 1}
 
 
 class TritonPythonModel:
@@ -65,7 +50,7 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         self.max_tokens = int(parameters.get("max_batch_tokens", {}).get("string_value", "0") or 16384)
         self.pad_multiple = tuning["pad_multiple"]
-        self.split_tokens = tuning["split_tokens"]
+        self.call_cost_tokens = tuning["call_cost_tokens"]
 
     def _run(self, feed):
         return self.session.run([self.output], feed)[0]
@@ -76,7 +61,8 @@ class TritonPythonModel:
         ]
         lengths = np.concatenate([mask.sum(axis=1) for _, mask, _ in inputs])
         max_width = max(ids.shape[1] for ids, _, _ in inputs)
-        plan = plan_sub_batches(lengths, self.max_tokens, self.pad_multiple, self.split_tokens, max_width)
+        plan = plan_batches(lengths.tolist(), max_rows=len(lengths), max_tokens=self.max_tokens,
+                            pad_multiple=self.pad_multiple, max_width=max_width, call_cost_tokens=self.call_cost_tokens)
         if len(inputs) == 1 and len(plan) == 1:  # e.g. a batch the gateway formed: run it as it came
             width = plan[0][1]
             feed = {name: np.ascontiguousarray(tensor[:, :width]) for name, tensor in zip(INPUTS, inputs[0])}
