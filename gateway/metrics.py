@@ -13,6 +13,15 @@ Final names (the Grafana dashboard is built from them; all prefixed `gateway_`):
 | gateway_shm_regions | gauge | (none): size of the pool |
 | gateway_in_flight_requests | gauge | (none) |
 | gateway_errors_total | counter | type (the error `type` of the JSON error body) |
+| gateway_batch_size | histogram | model: texts per batch the scheduler formed |
+| gateway_batch_tokens | histogram | model: tokens computed per batch (rows x padded width) |
+| gateway_scheduled_tokens_total | counter | model, kind (`real`: the texts' own tokens; `computed`: rows x padded width) |
+| gateway_batch_queue_seconds | histogram | model: how long the oldest text of a batch waited in the queue |
+| gateway_tokenize_seconds | histogram | model: tokenization time of one request in the gateway |
+| gateway_queued_texts | gauge | (none): texts waiting in the schedulers' queues |
+
+The padding ratio is `gateway_scheduled_tokens_total{kind="computed"} / gateway_scheduled_tokens_total{kind="real"}`
+(1.0 = no padding).
 
 `model` is the served model NAME (or "" when the request failed before one was chosen);
 `route` is the route template ("/classify", "/embed", "/v1/embeddings").
@@ -92,11 +101,70 @@ IN_FLIGHT = Gauge(
     "Requests being processed (all workers).",
     multiprocess_mode="livesum",
 )
+BATCH_SIZE = Histogram(
+    "gateway_batch_size",
+    "Texts per batch the gateway's scheduler formed.",
+    ("model",),
+    buckets=_INPUT_BUCKETS,
+)
+BATCH_TOKENS = Histogram(
+    "gateway_batch_tokens",
+    "Tokens computed per batch the gateway formed (rows x padded width).",
+    ("model",),
+    buckets=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
+)
+BATCH_TOKENS_TOTAL = Counter(
+    "gateway_scheduled_tokens_total",
+    "Tokens in the batches the gateway formed: kind=real (the texts' own) or computed (rows x padded width).",
+    ("model", "kind"),
+)
+QUEUE_WAIT = Histogram(
+    "gateway_batch_queue_seconds",
+    "How long the oldest text of a batch waited in the gateway's queue before the batch was sent.",
+    ("model",),
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+TOKENIZE = Histogram(
+    "gateway_tokenize_seconds",
+    "Tokenization time of one request in the gateway.",
+    ("model",),
+    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+)
+QUEUED = Gauge(
+    "gateway_queued_texts",
+    "Texts waiting in the gateway's batch queues (all workers).",
+    multiprocess_mode="livesum",
+)
 ERRORS = Counter(
     "gateway_errors_total",
     "Error responses by error type (the `type` field of the JSON error body).",
     ("type",),
 )
+
+
+class BatchMetrics:
+    """The batching metrics of one served model, with their label children looked up once."""
+
+    def __init__(self, model: str) -> None:
+        self._size = BATCH_SIZE.labels(model)
+        self._tokens = BATCH_TOKENS.labels(model)
+        self._real = BATCH_TOKENS_TOTAL.labels(model, "real")
+        self._computed = BATCH_TOKENS_TOTAL.labels(model, "computed")
+        self._wait = QUEUE_WAIT.labels(model)
+        self.tokenize = TOKENIZE.labels(model)
+
+    def observe(self, rows: int, width: int, real: int, waited: float) -> None:
+        """One batch formed: `rows` texts padded to `width`, `real` tokens of their own, oldest waited `waited` s."""
+        self._size.observe(rows)
+        self._tokens.observe(rows * width)
+        self._real.inc(real)
+        self._computed.inc(rows * width)
+        self._wait.observe(waited)
+
+    @staticmethod
+    def queued(delta: int) -> None:
+        """Texts entered (+) or left (-) a batch queue."""
+        QUEUED.inc(delta)
 
 
 def multiprocess_enabled() -> bool:

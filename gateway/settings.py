@@ -23,6 +23,27 @@ class GatewaySettings(BaseSettings):
     shm_bytes_per_token: int = Field(
         8, ge=1, description="Input region size per token of max_seq_len (bigger texts go over plain gRPC)."
     )
+    pipeline: Literal["scheduler", "ensemble"] = Field(
+        "scheduler",
+        description="`scheduler`: the gateway tokenizes, batches texts of similar length under a token budget and "
+        "calls the model steps (NAME_trt_fp16 / NAME_onnx); `ensemble`: texts go to Triton's ensembles "
+        "(tokenizer inside Triton). A model whose tokenizer.json is not readable here uses its ensemble.",
+    )
+    repository: str = Field(
+        "", description="The model repository as mounted here (read-only), for tokenizer.json; empty = none."
+    )
+    max_batch_tokens: int = Field(
+        16384, ge=1, description="Token budget of one batch (rows x padded width), scheduler pipeline."
+    )
+    max_batch_requests: int = Field(
+        256, ge=1, description="Most texts in one batch (also capped by the model step's max_batch_size)."
+    )
+    max_batches_in_flight: int = Field(
+        2, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind them."
+    )
+    tokenize_thread_chars: int = Field(
+        16384, ge=0, description="Requests with more characters than this are tokenized in a worker thread."
+    )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")
     startup_timeout_s: float = Field(5.0, gt=0, description="How long start-up waits for Triton before serving.")

@@ -64,7 +64,7 @@ async def classify_route(body: ClassifyRequest, request: Request) -> Response:
     model = await runtime.model(body.model, "classify")
     request.state.model = model.name
     preds, tokens = await _deadline(
-        runtime, classify(runtime.client, model, texts, truncate=body.truncate, backend=body.backend)
+        runtime, classify(runtime.inference, model, texts, truncate=body.truncate, backend=body.backend)
     )
     TOKENS.labels("/classify", model.name).inc(tokens)
     return OrjsonResponse({"model": model.name, "predictions": preds, "usage": {"tokens": tokens}})
@@ -79,7 +79,7 @@ async def embed_route(body: EmbedRequest, request: Request) -> Response:
     request.state.model = model.name
     vectors, tokens = await _deadline(
         runtime,
-        embed(runtime.client, model, texts, normalize=body.normalize, truncate=body.truncate, backend=body.backend),
+        embed(runtime.inference, model, texts, normalize=body.normalize, truncate=body.truncate, backend=body.backend),
     )
     TOKENS.labels("/embed", model.name).inc(tokens)
     return OrjsonResponse(
@@ -100,7 +100,7 @@ async def openai_embeddings_route(body: OpenAIEmbeddingRequest, request: Request
             type="unsupported_dimensions",
         )
     vectors, tokens = await _deadline(
-        runtime, embed(runtime.client, model, texts, normalize=True, truncate=True, backend=None)
+        runtime, embed(runtime.inference, model, texts, normalize=True, truncate=True, backend=None)
     )
     TOKENS.labels("/v1/embeddings", model.name).inc(tokens)
     if body.encoding_format == "base64":
@@ -139,6 +139,7 @@ async def models_route(request: Request) -> Response:
             "default_backend": m.default_backend,
             "max_tokens": m.max_seq_len,
             "max_batch_size": m.endpoint(None).max_batch_size,
+            "pipeline": runtime.inference.pipeline_of(m, m.endpoint(None)),
         }
         if m.task == "classify":
             card["labels"] = list(m.labels)

@@ -95,6 +95,9 @@ class ModelCard(BaseModel):
     default_backend: Backend
     max_tokens: int
     max_batch_size: int
+    pipeline: Literal["scheduler", "ensemble"] = Field(
+        description="scheduler: the gateway tokenizes and batches by length; ensemble: Triton's ensemble does it."
+    )
     labels: list[str] | None = None
     dimensions: int | None = None
     pooling: str | None = None

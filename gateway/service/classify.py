@@ -6,9 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from gateway.service.inference import run_texts
+from gateway.service.inference import Inference
 from gateway.service.registry import Backend, ServedModel
-from gateway.triton.client import TritonClient
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -29,8 +28,8 @@ def predictions(labels: tuple[str, ...], probs: np.ndarray) -> list[dict[str, An
 
 
 async def classify(
-    client: TritonClient, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None
+    inference: Inference, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None
 ) -> tuple[list[dict[str, Any]], int]:
     """Predictions for `texts` in order, and the billed token count."""
-    result = await run_texts(client, model, texts, truncate=truncate, backend=backend)
+    result = await inference.run(model, texts, truncate=truncate, backend=backend)
     return predictions(model.labels, softmax(result.outputs)), result.tokens

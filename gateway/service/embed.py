@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.service.inference import run_texts
+from gateway.service.inference import Inference
 from gateway.service.registry import Backend, ServedModel
-from gateway.triton.client import TritonClient
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
@@ -16,7 +15,7 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 async def embed(
-    client: TritonClient,
+    inference: Inference,
     model: ServedModel,
     texts: list[str],
     *,
@@ -25,6 +24,6 @@ async def embed(
     backend: Backend | None,
 ) -> tuple[np.ndarray, int]:
     """Embeddings [n, dim] float32 for `texts` in order, and the billed token count."""
-    result = await run_texts(client, model, texts, truncate=truncate, backend=backend)
+    result = await inference.run(model, texts, truncate=truncate, backend=backend)
     vectors = l2_normalize(result.outputs) if normalize else result.outputs
     return vectors.astype(np.float32, copy=False), result.tokens

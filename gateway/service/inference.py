@@ -1,15 +1,42 @@
-"""Run a list of texts through a served model: split by max batch, run chunks concurrently, reassemble."""
+"""Run a list of texts through a served model, by one of two pipelines (GATEWAY_PIPELINE):
+
+- scheduler: the gateway tokenizes (the repository's tokenizer.json), knows every length before
+  any inference (exact usage; `truncate: false` refused before compute), and hands the rows
+  to the model step's BatchScheduler, which batches by length under a token budget and calls
+  NAME_trt_fp16 / NAME_onnx directly with token ids in shared memory.
+- ensemble: texts go to Triton's NAME_*_ensemble (tokenizer inside Triton), split by its max
+  batch size, chunks run concurrently and are reassembled in order.
+
+A model whose tokenizer the gateway cannot read (remote Triton, no GATEWAY_REPOSITORY, a
+mismatched file) uses its ensemble; `sync` says so in the log once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from contract import NUM_TOKENS, TEXT, TOKEN_INPUTS
+from contract.tokenization import EncodedTexts, TextEncoder, clean_text
 from gateway.api.errors import InputTooLong
-from gateway.service.registry import Backend, ServedModel
-from gateway.triton.client import TritonClient
+from gateway.metrics import BatchMetrics
+from gateway.service.registry import Backend, Endpoint, ServedModel
+from gateway.service.scheduler import BatchPolicy, BatchScheduler
+from gateway.service.tokenization import TokenizerUnavailable, encode, load_encoder
+from gateway.settings import GatewaySettings
+from gateway.triton.client import Output, TritonClient
+
+log = logging.getLogger("gateway.inference")
+
+# The rounding and the cost of one model call that batches are planned with (contract/batching.py),
+# by where the model step runs: a GPU call costs a few thousand tokens of bert-base compute in
+# fixed overhead and likes widths of a multiple of 8; a CPU call has almost no fixed cost.
+_GPU_TUNING = {"pad_multiple": 8, "call_cost_tokens": 2048}
+_CPU_TUNING = {"pad_multiple": 1, "call_cost_tokens": 64}
 
 
 @dataclass(frozen=True)
@@ -21,20 +48,18 @@ class BatchResult:
     tokens: int  # sum of min(num_tokens, max_seq_len)
 
 
-async def run_texts(
-    client: TritonClient, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None
-) -> BatchResult:
-    """Infer all `texts` (any count) on `model`; 413 when `truncate` is off and a text is too long."""
-    endpoint = model.endpoint(backend)
-    encoded = [t.encode() for t in texts]
-    size = endpoint.max_batch_size
-    chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
-    if len(chunks) == 1:
-        parts = [await client.infer(model, endpoint, chunks[0])]
-    else:
-        parts = await asyncio.gather(*(client.infer(model, endpoint, c) for c in chunks))
-    outputs = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
-    num_tokens = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
+@dataclass
+class TokenPipeline:
+    """The scheduler pipeline of one endpoint: the tokenizer and the step's batch scheduler."""
+
+    encoder: TextEncoder
+    sha256: str
+    scheduler: BatchScheduler
+    metrics: BatchMetrics
+
+
+def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -> int:
+    """Billed tokens; 413 when `truncate` is off and a text is over the model's limit."""
     if not truncate:
         over = np.flatnonzero(num_tokens > model.max_seq_len)
         if over.size:
@@ -43,5 +68,125 @@ async def run_texts(
                 f"input {i} has {int(num_tokens[i])} tokens, over the model's limit of {model.max_seq_len} "
                 "(send truncate: true to truncate)"
             )
-    tokens = int(np.minimum(num_tokens, model.max_seq_len).sum())
-    return BatchResult(outputs, num_tokens, tokens)
+    return int(np.minimum(num_tokens, model.max_seq_len).sum())
+
+
+class Inference:
+    """Both pipelines of one worker, and the set of scheduler pipelines kept in sync with the registry."""
+
+    def __init__(self, client: TritonClient, settings: GatewaySettings) -> None:
+        self.client = client
+        self.settings = settings
+        self.pipelines: dict[str, TokenPipeline] = {}  # by model step name
+        self._fallback_logged: set[str] = set()
+
+    def pipeline_of(self, model: ServedModel, endpoint: Endpoint) -> str:
+        """`scheduler` or `ensemble`: how requests for this endpoint run."""
+        return "scheduler" if endpoint.step_model in self.pipelines else "ensemble"
+
+    async def run(self, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None) -> BatchResult:
+        """Infer all `texts` (any count) on `model`; 413 when `truncate` is off and a text is too long."""
+        endpoint = model.endpoint(backend)
+        pipeline = self.pipelines.get(endpoint.step_model)
+        if pipeline is None:
+            return await self._run_ensemble(model, endpoint, texts, truncate)
+        start = time.perf_counter()
+        encoded: EncodedTexts = await encode(pipeline.encoder, texts, self.settings.tokenize_thread_chars)
+        pipeline.metrics.tokenize.observe(time.perf_counter() - start)
+        tokens = _check_lengths(model, encoded.num_tokens, truncate)
+        outputs = await pipeline.scheduler.submit(encoded)
+        return BatchResult(outputs, encoded.num_tokens, tokens)
+
+    async def _run_ensemble(self, model: ServedModel, endpoint: Endpoint, texts: list[str], truncate: bool) -> BatchResult:
+        encoded = [clean_text(t).encode() for t in texts]
+        size = endpoint.max_batch_size
+        chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
+        output = Output(model.output_name, model.output_width, model.name)
+        calls = [self.client.infer_ensemble(endpoint.triton_model, chunk, output) for chunk in chunks]
+        parts = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+        outputs = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
+        num_tokens = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
+        return BatchResult(outputs, num_tokens, _check_lengths(model, num_tokens, truncate))
+
+    # --- keeping pipelines and shm pools in step with the served models --------------------------
+    async def sync(self, models: list[ServedModel]) -> None:
+        """Create what new endpoints need (pipelines, shm pools); drop pipelines of endpoints that went."""
+        s = self.settings
+        wanted: set[str] = set()
+        for model in models:
+            for endpoint in model.endpoints.values():
+                if s.pipeline == "scheduler" and endpoint.step_model:
+                    pipeline = self._pipeline(model, endpoint)
+                    if pipeline is not None:
+                        wanted.add(endpoint.step_model)
+                        await self._ensure_step_pool(model, endpoint)
+                        continue
+                await self._ensure_ensemble_pool(model, endpoint)
+        for step in set(self.pipelines) - wanted:
+            await self.pipelines.pop(step).scheduler.close()
+
+    def _pipeline(self, model: ServedModel, endpoint: Endpoint) -> TokenPipeline | None:
+        current = self.pipelines.get(endpoint.step_model)
+        sha = model.tokenizer.sha256 if model.tokenizer else ""
+        if current is not None and current.sha256 == sha:
+            return current
+        try:
+            encoder = load_encoder(self.settings.repository, model)
+        except (TokenizerUnavailable, OSError, ValueError) as exc:
+            if current is not None:
+                log.warning("%s: tokenizer no longer readable (%s); keeping the loaded one", model.name, exc)
+                return current
+            if endpoint.triton_model not in self._fallback_logged:
+                self._fallback_logged.add(endpoint.triton_model)
+                log.warning("%s: the gateway cannot tokenize itself (%s); requests go to Triton's ensemble %s",
+                            model.name, exc, endpoint.triton_model)
+            return None
+        s = self.settings
+        tuning = _GPU_TUNING if endpoint.step_on_gpu else _CPU_TUNING
+        max_width = model.max_seq_len
+        policy = BatchPolicy(
+            max_rows=min(s.max_batch_requests, endpoint.step_max_batch_size),
+            max_tokens=max(s.max_batch_tokens, max_width),
+            max_in_flight=s.max_batches_in_flight,
+            pad_multiple=tuning["pad_multiple"],
+            call_cost_tokens=tuning["call_cost_tokens"],
+            max_width=max_width,
+            pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0,
+        )
+        output = Output(model.output_name, model.output_width, model.name)
+        step = endpoint.step_model
+
+        async def run_batch(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+            return await self.client.infer_step(step, (ids, mask, types), output)
+
+        if current is not None:  # the tokenizer changed: new encoder, same queue
+            current.encoder, current.sha256 = encoder, sha
+            return current
+        metrics = BatchMetrics(model.name)
+        pipeline = TokenPipeline(encoder, sha, BatchScheduler(step, model.output_width, policy, run_batch, metrics),
+                                 metrics)
+        self.pipelines[step] = pipeline
+        log.info("%s: scheduler pipeline on %s (%s, %s)", model.name, step, policy,
+                 "GPU" if endpoint.step_on_gpu else "CPU")
+        return pipeline
+
+    async def _ensure_step_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
+        policy = self.pipelines[endpoint.step_model].scheduler.policy
+        token_bytes = policy.max_tokens * 4
+        sizes = {name: token_bytes for name in TOKEN_INPUTS}
+        sizes[model.output_name] = policy.max_rows * model.output_width * 4
+        await self.client.ensure_pool(endpoint.step_model, sizes, policy.max_in_flight + 1)
+
+    async def _ensure_ensemble_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
+        s, mb = self.settings, endpoint.max_batch_size
+        sizes = {
+            TEXT: mb * (4 + model.max_seq_len * s.shm_bytes_per_token),
+            model.output_name: mb * model.output_width * 4,
+            NUM_TOKENS: mb * 4,
+        }
+        await self.client.ensure_pool(endpoint.triton_model, sizes, s.shm_pool_size)
+
+    async def close(self) -> None:
+        for pipeline in self.pipelines.values():
+            await pipeline.scheduler.close()
+        self.pipelines.clear()

@@ -1,37 +1,51 @@
-"""Served models, discovered from Triton's repository index and ensemble configs (docs/contract.md)."""
+"""Served models, discovered from Triton's repository index and model configs (docs/contract.md).
+
+An ensemble with a `task` parameter names a served model and one backend of it; its two steps
+name the tokenizer model and the model step, whose configs say how the gateway tokenizes
+(max_seq_len, pad id, tokenizer.json's sha256) and how it may batch (max batch size, GPU or CPU).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 import orjson
 from tritonclient.grpc import model_config_pb2
 
+from contract import API_BACKEND, BACKEND_PREFERENCE, TASKS, ApiBackend, Param, Task, output_name
 from gateway.api.errors import BadRequest, ModelNotFound
 
 log = logging.getLogger("gateway.registry")
 
-Task = Literal["classify", "embed"]
-Backend = Literal["onnx", "trt"]
-_BACKENDS: dict[str, Backend] = {"onnx": "onnx", "trt_fp16": "trt", "trt": "trt"}
-_PREFERENCE: tuple[Backend, ...] = ("trt", "onnx")
+Backend = ApiBackend
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One ensemble in Triton that serves a model with one backend."""
+    """One backend of a served model: its ensemble (text in) and its model step (token ids in)."""
+
+    triton_model: str  # the ensemble
+    backend: Backend
+    max_batch_size: int  # of the ensemble
+    step_model: str = ""
+    step_max_batch_size: int = 0
+    step_on_gpu: bool = False
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """The tokenizer model of a served model, as its config describes it."""
 
     triton_model: str
-    backend: Backend
-    max_batch_size: int
+    pad_token_id: int
+    sha256: str  # of tokenizer.json; "" when the builder did not record it
 
 
 @dataclass
 class ServedModel:
-    """A model NAME as the API exposes it, with its ensembles by backend."""
+    """A model NAME as the API exposes it, with its endpoints by backend."""
 
     name: str
     task: Task
@@ -40,11 +54,12 @@ class ServedModel:
     embedding_dim: int = 0
     pooling: str = ""
     source: str = ""
+    tokenizer: TokenizerInfo | None = None
     endpoints: dict[Backend, Endpoint] = field(default_factory=dict)
 
     @property
     def output_name(self) -> str:
-        return "logits" if self.task == "classify" else "embeddings"
+        return output_name(self.task)
 
     @property
     def output_width(self) -> int:
@@ -52,10 +67,10 @@ class ServedModel:
 
     @property
     def default_backend(self) -> Backend:
-        return next(b for b in _PREFERENCE if b in self.endpoints)
+        return next(b for b in BACKEND_PREFERENCE if b in self.endpoints)
 
     def endpoint(self, backend: Backend | None) -> Endpoint:
-        """The ensemble for `backend`, or the preferred one (TensorRT when built)."""
+        """The endpoint for `backend`, or the preferred one (TensorRT when built)."""
         chosen = backend or self.default_backend
         if chosen not in self.endpoints:
             raise BadRequest(
@@ -65,33 +80,64 @@ class ServedModel:
         return self.endpoints[chosen]
 
 
-def parse_ensemble(config: model_config_pb2.ModelConfig) -> tuple[ServedModel, Endpoint] | None:
-    """The served model described by one ensemble config, or None when it is not a gateway model."""
-    params = {k: v.string_value for k, v in config.parameters.items()}
-    task = params.get("task")
-    if config.platform != "ensemble" or task not in ("classify", "embed"):
+def _params(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def _on_gpu(config: model_config_pb2.ModelConfig) -> bool:
+    groups = config.instance_group
+    return any(g.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU for g in groups) or (
+        config.platform == "tensorrt_plan"
+    )
+
+
+def parse_ensemble(
+    config: model_config_pb2.ModelConfig, others: dict[str, model_config_pb2.ModelConfig] | None = None
+) -> tuple[ServedModel, Endpoint] | None:
+    """The served model described by one ensemble config, or None when it is not a gateway model.
+
+    `others` holds the configs of the ready models by name, for the ensemble's steps.
+    """
+    params = _params(config)
+    task = params.get(Param.TASK)
+    if config.platform != "ensemble" or task not in TASKS:
         return None
-    backend = _BACKENDS.get(params.get("backend", "onnx"))
+    backend = API_BACKEND.get(params.get(Param.BACKEND, "onnx"))
     if backend is None:
-        log.warning("ensemble %s has unknown backend %r; skipped", config.name, params.get("backend"))
+        log.warning("ensemble %s has unknown backend %r; skipped", config.name, params.get(Param.BACKEND))
         return None
     model = ServedModel(
-        name=params.get("model_name") or config.name,
+        name=params.get(Param.MODEL_NAME) or config.name,
         task=task,  # type: ignore[arg-type]
-        max_seq_len=int(params.get("max_seq_len", "512")),
-        labels=tuple(orjson.loads(params["labels"])) if task == "classify" else (),
-        embedding_dim=int(params.get("embedding_dim", "0")),
-        pooling=params.get("pooling", ""),
-        source=params.get("source", ""),
+        max_seq_len=int(params.get(Param.MAX_SEQ_LEN, "512")),
+        labels=tuple(orjson.loads(params[Param.LABELS])) if task == "classify" else (),
+        embedding_dim=int(params.get(Param.EMBEDDING_DIM, "0")),
+        pooling=params.get(Param.POOLING, ""),
+        source=params.get(Param.SOURCE, ""),
     )
     if model.output_width <= 0:
         log.warning("ensemble %s has no labels/embedding_dim; skipped", config.name)
         return None
-    return model, Endpoint(config.name, backend, int(config.max_batch_size) or 1)
+    steps = [s.model_name for s in config.ensemble_scheduling.step]
+    endpoint = Endpoint(config.name, backend, int(config.max_batch_size) or 1)
+    others = others or {}
+    if len(steps) == 2 and steps[0] in others and steps[1] in others:
+        tok, step = others[steps[0]], others[steps[1]]
+        tok_params = _params(tok)
+        model.tokenizer = TokenizerInfo(
+            triton_model=tok.name,
+            pad_token_id=int(tok_params.get(Param.PAD_TOKEN_ID, "0") or 0),
+            sha256=tok_params.get(Param.TOKENIZER_SHA256, ""),
+        )
+        endpoint = Endpoint(
+            config.name, backend, endpoint.max_batch_size, step_model=step.name,
+            step_max_batch_size=int(step.max_batch_size) or 1, step_on_gpu=_on_gpu(step),
+        )
+    return model, endpoint
 
 
 class Registry:
-    """The set of served models; `refresh` re-reads it from Triton."""
+    """The set of served models; `replace` rebuilds it from Triton's ready configs."""
 
     def __init__(self, refresh_interval_s: float) -> None:
         self.models: dict[str, ServedModel] = {}
@@ -100,9 +146,10 @@ class Registry:
 
     def replace(self, configs: list[model_config_pb2.ModelConfig]) -> None:
         """Rebuild the served models from the ready models' configs."""
+        by_name = {c.name: c for c in configs}
         models: dict[str, ServedModel] = {}
         for config in configs:
-            parsed = parse_ensemble(config)
+            parsed = parse_ensemble(config, by_name)
             if parsed is None:
                 continue
             model, endpoint = parsed

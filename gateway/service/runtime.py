@@ -1,4 +1,4 @@
-"""Per-worker runtime: settings, the Triton client and the model registry, kept in sync."""
+"""Per-worker runtime: settings, the Triton client, the model registry and the inference pipelines, kept in sync."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from gateway.api.errors import GatewayError
+from gateway.service.inference import Inference
 from gateway.service.registry import Registry, ServedModel, Task
 from gateway.settings import GatewaySettings
 from gateway.triton.client import TritonClient
@@ -20,6 +21,7 @@ class Runtime:
         self.settings = settings
         self.client = TritonClient(settings)
         self.registry = Registry(settings.refresh_interval_s)
+        self.inference = Inference(self.client, settings)
         self._refresh_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -30,11 +32,11 @@ class Runtime:
             log.warning("model discovery at start-up failed (%s); retrying on demand", exc)
 
     async def refresh(self) -> None:
-        """Re-read the served models from Triton and create pools for new ones."""
+        """Re-read the served models from Triton; set up pipelines and shm pools for new ones."""
         async with self._refresh_lock:
             configs = await self.client.ready_configs()
             self.registry.replace(configs)
-            await self.client.ensure_pools(list(self.registry.models.values()))
+            await self.inference.sync(list(self.registry.models.values()))
 
     async def model(self, name: str | None, task: Task) -> ServedModel:
         """Resolve a request's model, re-discovering once (throttled) when it is not known."""
@@ -61,4 +63,5 @@ class Runtime:
         return all(await asyncio.gather(*(self.client.model_ready(n) for n in names)))
 
     async def close(self) -> None:
+        await self.inference.close()
         await self.client.close()

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -18,11 +21,22 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
+from contract import INPUT_IDS, NUM_TOKENS, TEXT, TOKEN_INPUTS
 from gateway.api.errors import GatewayError, GatewayTimeout, TritonUnavailable
 from gateway.metrics import TRITON_LATENCY
-from gateway.service.registry import Endpoint, ServedModel
 from gateway.settings import GatewaySettings
 from gateway.triton.shm_pool import RegionLayout, ShmPool, serialize_texts
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Output:
+    """The output a call asks for: tensor name, row width (fp32), and the model label of its metrics."""
+
+    name: str
+    width: int
+    label: str
 
 log = logging.getLogger("gateway.triton")
 _MAX_MESSAGE = 2**31 - 1
@@ -91,22 +105,15 @@ class TritonClient:
         return [r.config for r in responses]
 
     # --- shared memory ----------------------------------------------------------------
-    async def ensure_pools(self, models: list[ServedModel]) -> None:
-        """Create and register a pool for every endpoint that has none (no-op with shm=none)."""
-        if self.settings.shm == "none":
+    async def ensure_pool(self, triton_model: str, sizes: dict[str, int], regions: int) -> None:
+        """Create and register a pool of `regions` regions with slots of `sizes` bytes for `triton_model`,
+        unless it has one (no-op with shm=none)."""
+        if self.settings.shm == "none" or triton_model in self.pools:
             return
         s = self.settings
-        for model in models:
-            for endpoint in model.endpoints.values():
-                if endpoint.triton_model in self.pools:
-                    continue
-                mb = endpoint.max_batch_size
-                layout = RegionLayout.for_model(
-                    mb, mb * (4 + model.max_seq_len * s.shm_bytes_per_token), model.output_width
-                )
-                pool = ShmPool(s.shm_prefix, layout, s.shm_pool_size, quarantine_s=s.triton_timeout_s + 1)
-                self.pools[endpoint.triton_model] = pool
-                await self._register(pool)
+        pool = ShmPool(s.shm_prefix, RegionLayout.of(sizes), regions, quarantine_s=s.triton_timeout_s + 1)
+        self.pools[triton_model] = pool
+        await self._register(pool)
 
     async def _register(self, pool: ShmPool) -> None:
         for region in pool.regions:
@@ -128,12 +135,11 @@ class TritonClient:
             except InferenceServerException as exc:
                 raise translate_error(exc) from None
 
-    # --- inference --------------------------------------------------------------------
-    async def infer(self, model: ServedModel, endpoint: Endpoint, texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        """Run one chunk (<= max batch) through the ensemble: (outputs [n, width] fp32, num_tokens [n])."""
+    async def _with_reregister(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run `call`; when Triton lost the shm registrations (restart), register again and retry once."""
         for attempt in (0, 1):
             try:
-                return await self._infer_once(model, endpoint, texts)
+                return await call()
             except InferenceServerException as exc:
                 if attempt == 0 and _shm_missing(exc) and self.pools:
                     await self.reregister_all()
@@ -141,34 +147,65 @@ class TritonClient:
                 raise translate_error(exc) from None
         raise AssertionError("unreachable")
 
-    async def _infer_once(
-        self, model: ServedModel, endpoint: Endpoint, texts: list[bytes]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        n, width, out_name = len(texts), model.output_width, model.output_name
-        inp = grpcclient.InferInput("text", [n, 1], "BYTES")
-        outputs = [grpcclient.InferRequestedOutput(out_name), grpcclient.InferRequestedOutput("num_tokens")]
-        pool = self.pools.get(endpoint.triton_model)
+    # --- inference --------------------------------------------------------------------
+    async def infer_ensemble(self, ensemble: str, texts: list[bytes], output: Output) -> tuple[np.ndarray, np.ndarray]:
+        """Run one chunk (<= max batch) through an ensemble: (outputs [n, width] fp32, num_tokens [n])."""
+        return await self._with_reregister(lambda: self._ensemble_once(ensemble, texts, output))
+
+    async def _ensemble_once(self, ensemble: str, texts: list[bytes], output: Output) -> tuple[np.ndarray, np.ndarray]:
+        n, width, out_name = len(texts), output.width, output.name
+        inp = grpcclient.InferInput(TEXT, [n, 1], "BYTES")
+        outputs = [grpcclient.InferRequestedOutput(out_name), grpcclient.InferRequestedOutput(NUM_TOKENS)]
+        pool = self.pools.get(ensemble)
         start = time.perf_counter()
         async with pool.lease() if pool is not None else nullcontext() as region:
             if region is None:  # no shm (GATEWAY_SHM=none) or every region busy: plain gRPC tensors
                 inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
-                result = await self.grpc.infer(
-                    endpoint.triton_model, [inp], outputs=outputs, client_timeout=self.timeout
-                )
-                TRITON_LATENCY.labels(model.name, "grpc").observe(time.perf_counter() - start)
-                return result.as_numpy(out_name).reshape(n, width), result.as_numpy("num_tokens").reshape(n)
+                result = await self.grpc.infer(ensemble, [inp], outputs=outputs, client_timeout=self.timeout)
+                TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
+                return result.as_numpy(out_name).reshape(n, width), result.as_numpy(NUM_TOKENS).reshape(n)
             payload = serialize_texts(texts)
             layout = region.layout
-            if len(payload) <= layout.input_size:
-                region.write_input(payload)
-                inp.set_shared_memory(region.name, len(payload), 0)
+            if len(payload) <= layout.size(TEXT):
+                region.write(TEXT, payload)
+                inp.set_shared_memory(region.name, len(payload), layout.offset(TEXT))
             else:  # unusually long texts: input over gRPC, outputs still through shm
                 inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
-            outputs[0].set_shared_memory(region.name, n * width * 4, layout.output_offset)
-            outputs[1].set_shared_memory(region.name, n * 4, layout.tokens_offset)
-            await self.grpc.infer(endpoint.triton_model, [inp], outputs=outputs, client_timeout=self.timeout)
-            TRITON_LATENCY.labels(model.name, "shm").observe(time.perf_counter() - start)
-            return region.read_output(n, width), region.read_tokens(n)
+            outputs[0].set_shared_memory(region.name, n * width * 4, layout.offset(out_name))
+            outputs[1].set_shared_memory(region.name, n * 4, layout.offset(NUM_TOKENS))
+            await self.grpc.infer(ensemble, [inp], outputs=outputs, client_timeout=self.timeout)
+            TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
+            return region.read(out_name, np.float32, (n, width)), region.read(NUM_TOKENS, np.int32, (n,))
+
+    async def infer_step(
+        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output
+    ) -> np.ndarray:
+        """Run one batch of (input_ids, attention_mask, token_type_ids) [rows, width] int32 through a
+        model step: outputs [rows, width_out] fp32."""
+        return await self._with_reregister(lambda: self._step_once(step, tensors, output))
+
+    async def _step_once(
+        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output
+    ) -> np.ndarray:
+        rows, width = tensors[0].shape
+        inputs = [grpcclient.InferInput(name, [rows, width], "INT32") for name in TOKEN_INPUTS]
+        requested = grpcclient.InferRequestedOutput(output.name)
+        pool = self.pools.get(step)
+        start = time.perf_counter()
+        async with pool.lease() if pool is not None else nullcontext() as region:
+            if region is None or rows * width * 4 > region.layout.size(INPUT_IDS) \
+                    or rows * output.width * 4 > region.layout.size(output.name):
+                for inp, tensor in zip(inputs, tensors):
+                    inp.set_data_from_numpy(tensor)
+                result = await self.grpc.infer(step, inputs, outputs=[requested], client_timeout=self.timeout)
+                TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
+                return result.as_numpy(output.name).reshape(rows, output.width)
+            for inp, name, tensor in zip(inputs, TOKEN_INPUTS, tensors):
+                inp.set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
+            requested.set_shared_memory(region.name, rows * output.width * 4, region.layout.offset(output.name))
+            await self.grpc.infer(step, inputs, outputs=[requested], client_timeout=self.timeout)
+            TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
+            return region.read(output.name, np.float32, (rows, output.width))
 
     # --- shutdown ---------------------------------------------------------------------
     async def close(self) -> None:

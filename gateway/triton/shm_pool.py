@@ -1,9 +1,10 @@
-"""A pool of system shared-memory regions, registered with Triton once and leased per request.
+"""A pool of system shared-memory regions, registered with Triton once and leased per call.
 
-Each region carries one batch chunk of one ensemble: `[ text input | model output | num_tokens ]`
-at fixed offsets, so a request needs no region creation and no (un)registration on the hot
-path: the gateway writes the serialized texts at offset 0, Triton writes the outputs at their
-offsets, the gateway copies them out and returns the region to the pool.
+Each region carries the tensors of one call at fixed offsets (a `RegionLayout`): for an
+ensemble `[ text input | model output | num_tokens ]`, for a model step
+`[ input_ids | attention_mask | token_type_ids | model output ]`. A call needs no region creation
+and no (un)registration on the hot path: the gateway writes the inputs at their offsets, Triton
+writes the outputs at theirs, the gateway copies them out and returns the region to the pool.
 Regions are POSIX shm objects `/dev/shm/<prefix>_<pid>_<n>` (tritonclient.utils.shared_memory);
 the pid keeps several workers apart. `close()` unregisters them from Triton and unlinks them.
 """
@@ -36,25 +37,25 @@ def _align(n: int) -> int:
 
 @dataclass(frozen=True)
 class RegionLayout:
-    """Byte offsets and sizes of the three tensors inside one region."""
+    """Byte offset and size of each tensor slot inside one region."""
 
-    input_size: int
-    output_offset: int
-    output_size: int
-    tokens_offset: int
-    tokens_size: int
-
-    @property
-    def byte_size(self) -> int:
-        return self.tokens_offset + self.tokens_size
+    slots: dict[str, tuple[int, int]]  # name -> (offset, size)
+    byte_size: int
 
     @classmethod
-    def for_model(cls, max_batch: int, max_input_bytes: int, output_width: int) -> "RegionLayout":
-        """Layout for `max_batch` texts of at most `max_input_bytes` serialized bytes in all."""
-        input_size = _align(max_input_bytes)
-        output_size = _align(max_batch * output_width * 4)
-        tokens_size = _align(max_batch * 4)
-        return cls(input_size, input_size, output_size, input_size + output_size, tokens_size)
+    def of(cls, sizes: dict[str, int]) -> "RegionLayout":
+        """Slots of the given byte sizes, one after the other, each 64-byte aligned."""
+        slots, offset = {}, 0
+        for name, size in sizes.items():
+            slots[name] = (offset, _align(size))
+            offset += _align(size)
+        return cls(slots, offset)
+
+    def offset(self, name: str) -> int:
+        return self.slots[name][0]
+
+    def size(self, name: str) -> int:
+        return self.slots[name][1]
 
 
 class Region:
@@ -80,17 +81,19 @@ class Region:
         """The region's memory (a live view: copy what must outlive the lease)."""
         return self.handle._mpsm_handle.buf  # noqa: SLF001 - tritonclient exposes no public accessor
 
-    def write_input(self, payload: bytes) -> None:
-        """Copy the serialized input tensor to offset 0."""
-        shm.set_shared_memory_region(self.handle, [np.array(payload, dtype=np.object_)])
+    def write(self, name: str, data: bytes | np.ndarray) -> int:
+        """Copy `data` into slot `name`; returns its byte size."""
+        offset, size = self.layout.slots[name]
+        raw = data if isinstance(data, bytes) else np.ascontiguousarray(data).data.cast("B")
+        if len(raw) > size:
+            raise ValueError(f"{len(raw)} bytes do not fit slot {name!r} of {size}")
+        self.buffer[offset : offset + len(raw)] = raw
+        return len(raw)
 
-    def read_output(self, rows: int, width: int) -> np.ndarray:
-        """Copy `rows x width` float32 outputs out of the region."""
-        return np.frombuffer(self.buffer, np.float32, rows * width, self.layout.output_offset).reshape(rows, width).copy()
-
-    def read_tokens(self, rows: int) -> np.ndarray:
-        """Copy `rows` int32 token counts out of the region."""
-        return np.frombuffer(self.buffer, np.int32, rows, self.layout.tokens_offset).copy()
+    def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        """A copy of slot `name` as an array of `shape`."""
+        count = int(np.prod(shape))
+        return np.frombuffer(self.buffer, dtype, count, self.layout.offset(name)).reshape(shape).copy()
 
     def destroy(self) -> None:
         shm.destroy_shared_memory_region(self.handle)

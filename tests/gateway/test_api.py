@@ -78,9 +78,9 @@ async def test_shared_memory_really_carries_the_tensors(fake_triton: TritonServe
             payload = serialize_texts([t.encode() for t in inputs])
             assert mem[: len(payload)] == payload  # the request's texts were written here
             lay = region.layout
-            out = np.frombuffer(mem, np.float32, len(inputs) * EMBED_DIM, lay.output_offset).reshape(len(inputs), -1)
+            out = np.frombuffer(mem, np.float32, len(inputs) * EMBED_DIM, lay.offset("embeddings")).reshape(len(inputs), -1)
             np.testing.assert_array_equal(out, np.array(r.json()["embeddings"], dtype=np.float32))  # Triton wrote here
-            toks = np.frombuffer(mem, np.int32, len(inputs), lay.tokens_offset)
+            toks = np.frombuffer(mem, np.int32, len(inputs), lay.offset("num_tokens"))
             assert toks.tolist() == [fake_num_tokens(t) for t in inputs]
             del out, toks
     assert 'gateway_triton_request_duration_seconds_count{model="fakeemb",transport="shm"}' in metrics

@@ -1,4 +1,5 @@
-"""The gateway on the builder's tiny BERT repository (--runtime python): results equal PyTorch's."""
+"""The gateway on the builder's tiny BERT repository (--runtime python): results equal PyTorch's,
+through both pipelines (the gateway's scheduler calling the model step, and Triton's ensemble)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from devstack.tritonserver import TritonServer
 from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.anyio
+PIPELINES = ["scheduler", "ensemble"]
+
+
+def pipeline_settings(pipeline: str, repository: Path) -> dict[str, str]:
+    """Gateway settings for a pipeline: the scheduler reads tokenizer.json from the repository."""
+    return {"pipeline": pipeline, "repository": str(repository) if pipeline == "scheduler" else ""}
 
 TEXTS = [
     "the movie was great",
@@ -53,12 +60,17 @@ def assert_same_logits(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(g, w, atol=spread / 10)
 
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("shm", ["system", "none"])
-async def test_classify_matches_pytorch(triton_server: TritonServer, tiny_classifier_dir: Path, shm: str) -> None:
-    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwbertc{shm}") as (_, client):
+async def test_classify_matches_pytorch(
+    triton_server: TritonServer, python_repository: Path, tiny_classifier_dir: Path, shm: str, pipeline: str
+) -> None:
+    settings = pipeline_settings(pipeline, python_repository)
+    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwbertc{shm}", **settings) as (_, client):
         card = next(m for m in (await client.get("/v1/models")).json()["data"] if m["id"] == "tinycls")
         r = await client.post("/classify", json={"model": "tinycls", "inputs": TEXTS})
     assert r.status_code == 200, r.text
+    assert card["pipeline"] == pipeline
     labels = card["labels"]
     assert labels == ["negative", "neutral", "positive"]
     got = np.array([[p["scores"][label] for label in labels] for p in r.json()["predictions"]])
@@ -68,9 +80,13 @@ async def test_classify_matches_pytorch(triton_server: TritonServer, tiny_classi
     assert [p["label"] for p in r.json()["predictions"]] == [labels[i] for i in want.argmax(1)]
 
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("shm", ["system", "none"])
-async def test_embed_matches_pytorch(triton_server: TritonServer, tiny_embedder_dir: Path, shm: str) -> None:
-    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwberte{shm}") as (_, client):
+async def test_embed_matches_pytorch(
+    triton_server: TritonServer, python_repository: Path, tiny_embedder_dir: Path, shm: str, pipeline: str
+) -> None:
+    settings = pipeline_settings(pipeline, python_repository)
+    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwberte{shm}", **settings) as (_, client):
         card = next(m for m in (await client.get("/v1/models")).json()["data"] if m["id"] == "tinyemb")
         raw = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS, "normalize": False})
         unit = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS})
@@ -84,9 +100,13 @@ async def test_embed_matches_pytorch(triton_server: TritonServer, tiny_embedder_
     )
 
 
-async def test_order_for_300_inputs_and_truncate_false(triton_server: TritonServer, tiny_classifier_dir: Path) -> None:
+@pytest.mark.parametrize("pipeline", PIPELINES)
+async def test_order_for_300_inputs_and_truncate_false(
+    triton_server: TritonServer, python_repository: Path, tiny_classifier_dir: Path, pipeline: str
+) -> None:
     texts = [f"sentence {i} " + "word " * (i % 13) for i in range(300)]
-    async with running_gateway(triton_server.grpc_url, shm_prefix="gwbert300") as (_, client):
+    settings = pipeline_settings(pipeline, python_repository)
+    async with running_gateway(triton_server.grpc_url, shm_prefix="gwbert300", **settings) as (_, client):
         many = await client.post("/classify", json={"model": "tinycls", "inputs": texts})
         one_by_one = [
             (await client.post("/classify", json={"model": "tinycls", "inputs": t})).json()["predictions"][0]

@@ -56,17 +56,18 @@ def test_softmax_and_normalize() -> None:
 
 
 def test_layout_is_aligned_and_disjoint() -> None:
-    layout = RegionLayout.for_model(max_batch=8, max_input_bytes=8 * (4 + 64 * 8), output_width=3)
-    assert layout.output_offset >= 8 * (4 + 64 * 8)
-    assert layout.tokens_offset >= layout.output_offset + 8 * 3 * 4
-    assert layout.output_offset % 64 == layout.tokens_offset % 64 == 0
-    assert layout.byte_size == layout.tokens_offset + layout.tokens_size
+    layout = RegionLayout.of({"text": 8 * (4 + 64 * 8), "logits": 8 * 3 * 4, "num_tokens": 8 * 4})
+    assert layout.offset("text") == 0 and layout.size("text") >= 8 * (4 + 64 * 8)
+    assert layout.offset("logits") >= layout.size("text")
+    assert layout.offset("num_tokens") >= layout.offset("logits") + 8 * 3 * 4
+    assert all(offset % 64 == 0 and size % 64 == 0 for offset, size in layout.slots.values())
+    assert layout.byte_size == layout.offset("num_tokens") + layout.size("num_tokens")
 
 
 @pytest.mark.anyio
 async def test_pool_leases_never_waits_quarantines_and_unlinks() -> None:
     prefix = "gwunitpool"
-    pool = ShmPool(prefix, RegionLayout.for_model(2, 64, 2), size=1, quarantine_s=0.2)
+    pool = ShmPool(prefix, RegionLayout.of({"text": 64, "logits": 16, "num_tokens": 8}), size=1, quarantine_s=0.2)
     assert len(shm_segments(prefix)) == 1
     async with pool.lease() as region:
         assert region is not None and pool.free == 0
@@ -91,7 +92,7 @@ def test_stale_segment_of_a_crashed_gateway_is_replaced() -> None:
     from gateway.triton import shm_pool
 
     prefix = "gwunitstale"
-    layout = RegionLayout.for_model(2, 64, 2)
+    layout = RegionLayout.of({"text": 64, "logits": 16, "num_tokens": 8})
     before = next(shm_pool._counter)
     stale = shared_memory.SharedMemory(f"{prefix}_{os.getpid()}_{before + 1}", create=True, size=8)
     try:

@@ -1,0 +1,177 @@
+"""Length-aware batching of tokenized texts for one model step (the text-embeddings-inference router design).
+
+Callers submit tokenized texts; every text is a row in one queue per model step. While fewer
+than `max_in_flight` batches of this step are running, the next batch is formed at once from
+the queue (no timer: batches fill up while earlier ones run): the rows are sorted by length
+and cut by contract/batching.py's rule (token budget, row limit, bounded padding, each batch
+padded only to its own longest row), and the batch holding the oldest row goes first. When a
+batch returns, its output rows are scattered back to their callers, in order.
+
+A caller that gives up (timeout, disconnect) leaves its rows behind; they are dropped before
+the next batch forms. A failed batch fails every caller with a row in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from contract.batching import padded_width, plan_batches
+from contract.tokenization import EncodedTexts
+from gateway.api.errors import GatewayError
+from gateway.metrics import BatchMetrics
+
+log = logging.getLogger("gateway.scheduler")
+
+# (input_ids, attention_mask, token_type_ids) [rows, width] int32 -> outputs [rows, width_out] float32
+RunBatch = Callable[[np.ndarray, np.ndarray, np.ndarray], Awaitable[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How one model step's batches are formed."""
+
+    max_rows: int
+    max_tokens: int
+    max_in_flight: int
+    pad_multiple: int  # 8 on a GPU (tensor cores), 1 on a CPU
+    call_cost_tokens: int  # what one more model call costs, in tokens (contract/batching.py)
+    max_width: int  # max_seq_len
+    pad_id: int
+
+
+class _Caller:
+    """One submit(): where its rows' outputs go, and how many are still missing."""
+
+    __slots__ = ("future", "outputs", "remaining")
+
+    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray) -> None:
+        self.future = future
+        self.outputs = outputs
+        self.remaining = len(outputs)
+
+
+class _Row:
+    __slots__ = ("caller", "index", "ids", "types", "length", "since")
+
+    def __init__(self, caller: _Caller, index: int, ids: np.ndarray, types: np.ndarray | None, since: float) -> None:
+        self.caller = caller
+        self.index = index
+        self.ids = ids
+        self.types = types
+        self.length = len(ids)
+        self.since = since
+
+
+class BatchScheduler:
+    """The queue and batch former of one model step in one gateway worker."""
+
+    def __init__(self, name: str, width: int, policy: BatchPolicy, run_batch: RunBatch, metrics: BatchMetrics) -> None:
+        self.name = name
+        self.width = width
+        self.policy = policy
+        self._run_batch = run_batch
+        self._metrics = metrics
+        self._queue: list[_Row] = []
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def queued(self) -> int:
+        """Rows waiting for a batch."""
+        return len(self._queue)
+
+    async def submit(self, encoded: EncodedTexts) -> np.ndarray:
+        """Outputs [n, width] float32 of the tokenized texts, in order."""
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32))
+        now = time.perf_counter()
+        types = encoded.type_ids
+        self._queue.extend(
+            _Row(caller, i, ids, types[i] if types is not None else None, now) for i, ids in enumerate(encoded.ids)
+        )
+        self._metrics.queued(len(encoded))
+        self._dispatch()
+        return await future
+
+    def _dispatch(self) -> None:
+        while self._in_flight < self.policy.max_in_flight and self._queue:
+            batch = self._next_batch()
+            if not batch:
+                return
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _next_batch(self) -> list[_Row]:
+        """Take the batch that holds the oldest row out of the queue."""
+        queue = [row for row in self._queue if not row.caller.future.done()]
+        if len(queue) < len(self._queue):
+            self._metrics.queued(len(queue) - len(self._queue))
+        if not queue:
+            self._queue = []
+            return []
+        p = self.policy
+        plan = plan_batches(
+            [row.length for row in queue], max_rows=p.max_rows, max_tokens=p.max_tokens,
+            pad_multiple=p.pad_multiple, max_width=p.max_width, call_cost_tokens=p.call_cost_tokens,
+        )
+        members = next(indices for indices, _ in plan if 0 in indices) if len(plan) > 1 else plan[0][0]
+        chosen = set(members)
+        self._queue = [row for i, row in enumerate(queue) if i not in chosen]
+        self._metrics.queued(-len(members))
+        return [queue[i] for i in members]
+
+    def _tensors(self, batch: list[_Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        p = self.policy
+        lengths = np.fromiter((row.length for row in batch), dtype=np.int64, count=len(batch))
+        width = padded_width(int(lengths.max()), p.pad_multiple, p.max_width)
+        mask = np.arange(width) < lengths[:, None]
+        ids = np.full((len(batch), width), p.pad_id, dtype=np.int32)
+        ids[mask] = np.concatenate([row.ids for row in batch])
+        types = np.zeros((len(batch), width), dtype=np.int32)
+        if any(row.types is not None for row in batch):
+            types[mask] = np.concatenate([
+                row.types if row.types is not None else np.zeros(row.length, np.int32) for row in batch
+            ])
+        return ids, mask.astype(np.int32), types
+
+    async def _run(self, batch: list[_Row]) -> None:
+        try:
+            ids, mask, types = self._tensors(batch)
+            self._metrics.observe(rows=len(batch), width=ids.shape[1], real=int(mask.sum()),
+                                  waited=time.perf_counter() - min(row.since for row in batch))
+            outputs = await self._run_batch(ids, mask, types)
+            for row, output in zip(batch, outputs):
+                caller = row.caller
+                caller.outputs[row.index] = output
+                caller.remaining -= 1
+                if caller.remaining == 0 and not caller.future.done():
+                    caller.future.set_result(caller.outputs)
+        except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about any failure
+            if not isinstance(exc, GatewayError):
+                log.exception("batch of %s failed", self.name)
+                exc = GatewayError("internal error while running a batch")
+            for row in batch:
+                if not row.caller.future.done():
+                    row.caller.future.set_exception(exc)
+        finally:
+            self._in_flight -= 1
+            self._dispatch()
+
+    async def close(self) -> None:
+        """Fail what is queued and wait for running batches."""
+        for row in self._queue:
+            if not row.caller.future.done():
+                row.caller.future.set_exception(GatewayError("gateway is shutting down", status=503,
+                                                             type="shutting_down"))
+        self._metrics.queued(-len(self._queue))
+        self._queue = []
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
