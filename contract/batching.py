@@ -6,8 +6,8 @@ to the runner's model.py, so only the standard library may be imported here.
 
 Rows are taken in length order; a batch is padded to its own longest row (rounded up to
 `pad_multiple`, never past `max_width`) and grows while it stays within `max_rows`,
-`max_tokens` padded tokens, and a padding bound: padded tokens <= PAD_RATIO_LIMIT x real
-tokens + `call_cost_tokens`. The additive term is what one more model call costs, in tokens:
+`max_tokens` padded tokens, and a padding bound: padded tokens <= PAD_RATIO_LIMIT x the tokens
+its rows would take alone (each rounded up on its own) + `call_cost_tokens`. The additive term is what one more model call costs, in tokens:
 on a GPU a call has a fixed cost of a few thousand tokens of compute, so small batches merge
 freely there, while long and short texts still go to different batches.
 """
@@ -37,22 +37,21 @@ def plan_batches(
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     batches: list[tuple[list[int], int]] = []
     members: list[int] = []
-    width = real = 0
+    width = alone = 0
     for index in order:
-        length = lengths[index]
-        new_width = padded_width(length, pad_multiple, max_width)
+        new_width = padded_width(lengths[index], pad_multiple, max_width)
         rows = len(members) + 1
         padded = rows * new_width
         if members and (
             rows > max_rows
             or padded > max_tokens
-            or padded > PAD_RATIO_LIMIT * (real + length) + call_cost_tokens
+            or padded > PAD_RATIO_LIMIT * (alone + new_width) + call_cost_tokens
         ):
             batches.append((members, width))
-            members, real = [], 0
+            members, alone = [], 0
         members.append(index)
         width = new_width
-        real += length
+        alone += new_width
     if members:
         batches.append((members, width))
     return batches
