@@ -41,8 +41,9 @@ class GatewaySettings(BaseSettings):
     max_batches_in_flight: int = Field(
         2, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind them."
     )
-    tokenize_thread_chars: int = Field(
-        16384, ge=0, description="Requests with more characters than this are tokenized in a worker thread."
+    tokenize_inline_chars: int = Field(
+        1024, ge=0, description="A request of at most this many characters that finds the tokenizer idle is "
+        "tokenized inline; others are tokenized together with concurrent ones in a worker thread.",
     )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract import NUM_TOKENS, TEXT, TOKEN_INPUTS
-from contract.tokenization import EncodedTexts, TextEncoder, clean_text
+from contract.tokenization import EncodedTexts, clean_text
 from gateway.api.errors import InputTooLong
 from gateway.metrics import BatchMetrics
 from gateway.service.registry import Backend, Endpoint, ServedModel
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
-from gateway.service.tokenization import TokenizerUnavailable, encode, load_encoder
+from gateway.service.tokenization import TokenizerQueue, TokenizerUnavailable, load_encoder
 from gateway.settings import GatewaySettings
 from gateway.triton.client import Output, TritonClient
 
@@ -52,7 +52,7 @@ class BatchResult:
 class TokenPipeline:
     """The scheduler pipeline of one endpoint: the tokenizer and the step's batch scheduler."""
 
-    encoder: TextEncoder
+    tokenizer: TokenizerQueue
     sha256: str
     scheduler: BatchScheduler
     metrics: BatchMetrics
@@ -91,7 +91,7 @@ class Inference:
         if pipeline is None:
             return await self._run_ensemble(model, endpoint, texts, truncate)
         start = time.perf_counter()
-        encoded: EncodedTexts = await encode(pipeline.encoder, texts, self.settings.tokenize_thread_chars)
+        encoded: EncodedTexts = await pipeline.tokenizer.encode(texts)
         pipeline.metrics.tokenize.observe(time.perf_counter() - start)
         tokens = _check_lengths(model, encoded.num_tokens, truncate)
         outputs = await pipeline.scheduler.submit(encoded)
@@ -160,11 +160,12 @@ class Inference:
             return await self.client.infer_step(step, (ids, mask, types), output)
 
         if current is not None:  # the tokenizer changed: new encoder, same queue
-            current.encoder, current.sha256 = encoder, sha
+            current.tokenizer.encoder, current.sha256 = encoder, sha
             return current
         metrics = BatchMetrics(model.name)
-        pipeline = TokenPipeline(encoder, sha, BatchScheduler(step, model.output_width, policy, run_batch, metrics),
-                                 metrics)
+        tokenizer = TokenizerQueue(encoder, s.tokenize_inline_chars)
+        scheduler = BatchScheduler(step, model.output_width, policy, run_batch, metrics)
+        pipeline = TokenPipeline(tokenizer, sha, scheduler, metrics)
         self.pipelines[step] = pipeline
         log.info("%s: scheduler pipeline on %s (%s, %s)", model.name, step, policy,
                  "GPU" if endpoint.step_on_gpu else "CPU")

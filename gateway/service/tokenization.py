@@ -48,8 +48,49 @@ def load_encoder(repository: str, model: ServedModel) -> TextEncoder:
     return TextEncoder(Tokenizer.from_str(data.decode("utf-8")), model.max_seq_len)
 
 
-async def encode(encoder: TextEncoder, texts: list[str], thread_chars: int) -> EncodedTexts:
-    """Tokenize `texts`; large requests run in a worker thread so the event loop keeps serving."""
-    if thread_chars and sum(map(len, texts)) > thread_chars:
-        return await asyncio.to_thread(encoder.encode, texts)
-    return encoder.encode(texts)
+class TokenizerQueue:
+    """Tokenizes for one model off the event loop: the texts of concurrent requests are encoded
+    together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and
+    runs on several cores), while the next requests gather behind it. A small request that finds
+    the tokenizer idle is encoded inline: at low load that is quicker than a thread hop."""
+
+    def __init__(self, encoder: TextEncoder, inline_chars: int) -> None:
+        self.encoder = encoder
+        self.inline_chars = inline_chars
+        self._waiting: list[tuple[list[str], asyncio.Future[EncodedTexts]]] = []
+        self._busy = False
+
+    async def encode(self, texts: list[str]) -> EncodedTexts:
+        """Token ids of `texts` under the contract's rule."""
+        if not self._busy and not self._waiting and sum(map(len, texts)) <= self.inline_chars:
+            return self.encoder.encode(texts)
+        future: asyncio.Future[EncodedTexts] = asyncio.get_running_loop().create_future()
+        self._waiting.append((texts, future))
+        if not self._busy:
+            self._next()
+        return await future
+
+    def _next(self) -> None:
+        jobs, self._waiting = self._waiting, []
+        self._busy = True
+        asyncio.get_running_loop().create_task(self._run(jobs))
+
+    async def _run(self, jobs: list[tuple[list[str], asyncio.Future[EncodedTexts]]]) -> None:
+        try:
+            texts = [t for job, _ in jobs for t in job]
+            encoded = await asyncio.to_thread(self.encoder.encode, texts)
+            start = 0
+            for job, future in jobs:
+                part = slice(start, start + len(job))
+                start += len(job)
+                if not future.done():
+                    types = encoded.type_ids[part] if encoded.type_ids is not None else None
+                    future.set_result(EncodedTexts(encoded.ids[part], types, encoded.num_tokens[part]))
+        except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
+            for _, future in jobs:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._busy = False
+            if self._waiting:
+                self._next()

@@ -57,7 +57,7 @@ async def test_gateway_tokenizer_matches_the_builders_and_tritons(
 ) -> None:
     texts = MULTILINGUAL + make_corpus(CorpusSpec(size=200, seed=7, non_ascii_share=0.5))
     async with running_gateway(triton_server.grpc_url, repository=str(python_repository)) as (app, _):
-        encoder = app.state.runtime.inference.pipelines["tinyemb_onnx"].encoder
+        encoder = app.state.runtime.inference.pipelines["tinyemb_onnx"].tokenizer.encoder
         encoded = encoder.encode(texts)
         single = [encoder.encode([t]) for t in texts[:20]]
     hf = AutoTokenizer.from_pretrained(tiny_embedder_dir)
