@@ -47,14 +47,30 @@ def find_tritonserver_home() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def server_environment(home: Path) -> dict[str, str]:
-    """Environment in which the wheel's tritonserver and python stub find the right libraries."""
+STUB_PYTHON_ENV = "TRITON_STUB_PYTHON"
+
+
+def _libdir(python: Path) -> str:
+    if python == Path(sys.executable):
+        return sysconfig.get_config_var("LIBDIR") or ""
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def server_environment(home: Path, stub_python: Path | None = None) -> dict[str, str]:
+    """Environment in which the wheel's tritonserver and python stub find the right libraries.
+
+    The python-backend stub imports model.py's packages from the environment of the `python3`
+    first on PATH: `stub_python` (default $TRITON_STUB_PYTHON, else this interpreter). A separate
+    one keeps the stub's numpy 1 apart from an interpreter that needs numpy 2.
+    """
     env = dict(os.environ)
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    python = Path(stub_python or env.get(STUB_PYTHON_ENV) or sys.executable)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p
+        p for p in (_libdir(python), env.get("LD_LIBRARY_PATH", "")) if p
     )
-    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    env["PATH"] = os.pathsep.join((str(python.parent), env.get("PATH", "")))
     return env
 
 
@@ -63,7 +79,7 @@ class TritonServer:
     """A tritonserver child process serving `repository`; use as a context manager.
 
     Ports default to free ones. `model_control` is "none" (load everything) or
-    "explicit" (load `load_models`).
+    "explicit" (load `load_models`). `stub_python`: see `server_environment`.
     """
 
     repository: Path
@@ -75,6 +91,7 @@ class TritonServer:
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 120.0
+    stub_python: Path | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -115,7 +132,7 @@ class TritonServer:
             self.command(home),
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=server_environment(home),
+            env=server_environment(home, self.stub_python),
             start_new_session=True,
         )
         self.wait_ready()

@@ -9,8 +9,8 @@
   onnxruntime-gpu is installed) at batch sizes 1..128 and sequence 128, against requests of
   the same number of ~128-token texts through tritonserver + python-backend runner +
   gateway + load generator on the same host.
-Environment: TRITON_PYTHONPATH is put first on PYTHONPATH of tritonserver only (the python
-backend stub needs numpy 1); the gateway and the load generator keep this interpreter's path.
+Environment: TRITON_STUB_PYTHON names the python whose environment the python-backend stub uses
+(numpy 1, onnxruntime-gpu); the gateway and the load generator run in this interpreter.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from devstack.gateway import GatewayProcess
-from devstack.tritonserver import TritonServer
+from devstack.tritonserver import STUB_PYTHON_ENV, TritonServer
 from loadtest.bench import build_repository, served
 from loadtest.corpus import CorpusSpec, fixed_length_corpus, make_corpus
 from loadtest.machine import Machine, describe_machine
@@ -37,23 +37,13 @@ from loadtest.targets import GatewaySpec, TritonSpec
 
 
 def start_triton(repo: Path, log: Path) -> TritonServer:
-    """tritonserver with TRITON_PYTHONPATH first on its PYTHONPATH (numpy 1 for the stub)."""
-    saved = os.environ.get("PYTHONPATH")
-    extra = os.environ.get("TRITON_PYTHONPATH")
-    if extra:
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra, saved) if p)
-    try:
-        return TritonServer(repository=repo, log_path=log, startup_timeout_s=300).start()
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+    """A tritonserver for `repo`, not started yet (use it as a context manager). Its python-backend
+    stub uses $TRITON_STUB_PYTHON's environment (numpy 1), see loadtest/device/README.md."""
+    return TritonServer(repository=repo, log_path=log, startup_timeout_s=300)
 
 
 def model_alone(repo: Path, batches: list[int], seq: int, seconds: float) -> dict[int, dict[str, float]]:
     """onnxruntime (CUDA first when present) on the step model: sequences/s and latency per batch size."""
-    extra = os.environ.get("TRITON_PYTHONPATH")
     code = f"""
 import json, sys, time
 import numpy as np, onnxruntime as ort
@@ -79,11 +69,8 @@ for b in {batches!r}:
 print(json.dumps(out))
 """
     step_model = next(p for p in repo.glob("*_onnx/1/model.onnx"))
-    env = dict(os.environ)
-    if extra:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, env.get("PYTHONPATH")) if p)
-    res = subprocess.run([sys.executable, "-c", code, str(step_model)], capture_output=True, text=True, env=env,
-                         check=True)
+    python = os.environ.get(STUB_PYTHON_ENV) or sys.executable  # the environment with onnxruntime-gpu
+    res = subprocess.run([python, "-c", code, str(step_model)], capture_output=True, text=True, check=True)
     import json
 
     data = json.loads(res.stdout.strip().splitlines()[-1])
