@@ -32,7 +32,8 @@ class LocalStack:
             self.gateway = GatewayProcess(
                 triton_url=self.triton.grpc_url,
                 port=self.gateway_port,
-                settings=self.gateway_settings,
+                # the gateway reads tokenizer.json from the same repository (scheduler pipeline)
+                settings={"repository": str(self.repository), **self.gateway_settings},
                 log_path=logs / "gateway.log" if logs else None,
             ).start()
         except BaseException:

@@ -41,6 +41,10 @@ class GatewaySettings(BaseSettings):
     max_batches_in_flight: int = Field(
         2, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind them."
     )
+    batch_call_cost_tokens: int | None = Field(
+        None, ge=0, description="What one more model call costs, in tokens, when batches are cut by length "
+        "(contract/batching.py); empty = by the model step's device (GPU 1024, CPU 64).",
+    )
     tokenize_inline_chars: int = Field(
         1024, ge=0, description="A request of at most this many characters that finds the tokenizer idle is "
         "tokenized inline; others are tokenized together with concurrent ones in a worker thread.",

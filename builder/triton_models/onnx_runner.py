@@ -25,9 +25,9 @@ from batching import plan_batches  # noqa: E402  (the repository copy of contrac
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # What one more onnxruntime call costs, in tokens of compute (contract/batching.py): on a GPU
-# a call has a fixed cost of ~1-2 ms, a few thousand tokens of bert-base; on a CPU almost none.
+# a call has a fixed cost of ~1-2 ms (about a thousand tokens of bert-base or more); on a CPU almost none.
 # GPU widths round up to a multiple of 8 (tensor cores, fewer distinct shapes).
-_GPU = {"call_cost_tokens": 2048, "pad_multiple": 8}
+_GPU = {"call_cost_tokens": 1024, "pad_multiple": 8}
 _CPU = {"call_cost_tokens": 64, "pad_multiple": 1}
 
 

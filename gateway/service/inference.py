@@ -33,9 +33,9 @@ from gateway.triton.client import Output, TritonClient
 log = logging.getLogger("gateway.inference")
 
 # The rounding and the cost of one model call that batches are planned with (contract/batching.py),
-# by where the model step runs: a GPU call costs a few thousand tokens of bert-base compute in
+# by where the model step runs: a GPU call costs about a thousand tokens of bert-base compute or more in
 # fixed overhead and likes widths of a multiple of 8; a CPU call has almost no fixed cost.
-_GPU_TUNING = {"pad_multiple": 8, "call_cost_tokens": 2048}
+_GPU_TUNING = {"pad_multiple": 8, "call_cost_tokens": 1024}
 _CPU_TUNING = {"pad_multiple": 1, "call_cost_tokens": 64}
 
 
@@ -149,7 +149,7 @@ class Inference:
             max_tokens=max(s.max_batch_tokens, max_width),
             max_in_flight=s.max_batches_in_flight,
             pad_multiple=tuning["pad_multiple"],
-            call_cost_tokens=tuning["call_cost_tokens"],
+            call_cost_tokens=tuning["call_cost_tokens"] if s.batch_call_cost_tokens is None else s.batch_call_cost_tokens,
             max_width=max_width,
             pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0,
         )

@@ -116,5 +116,5 @@ def test_env_example_lists_every_setting_with_its_default() -> None:
     for name in GatewaySettings.model_fields:
         assert name.upper() in listed, name
         value = getattr(defaults, name)
-        shown = ",".join(value) if isinstance(value, list) else str(value)
+        shown = ",".join(value) if isinstance(value, list) else "" if value is None else str(value)
         assert listed[name.upper()] == shown, name

@@ -1,0 +1,307 @@
+"""Benchmark 7: this stack against in-process peers and another embedding server, in one run.
+
+    python -m loadtest.bench7 --name h100 [--shape base] [--parts peers,scheduler,ensemble,infinity]
+
+On the GPU host (loadtest/device/README.md), same model shape, same corpus
+(`make_corpus(CorpusSpec(size=4000))`), same run:
+- peers, in-process (loadtest.peers, a child process): sentence-transformers fp16 `encode` at
+  batch 256, Hugging Face SDPA fp16 on length-sorted batches of 256;
+- `infinity-emb` (when $INFINITY_PYTHON names a python with it): single-text `/embeddings`;
+- this stack through HTTP, the gateway with GATEWAY_PIPELINE=scheduler and, beside it, =ensemble:
+  single-text `/embed` at c=64 and c=256, 32-text requests at c=16, a single short text at c=1.
+The repository is built with the builder (`--runtime python --device gpu`: the python-backend
+onnxruntime runner, fp16 graph, CUDA provider), served by the PyPI-wheel tritonserver.
+Every step reports texts/s, tokens/s (texts/s x the corpus' mean tokens per text), p50/p99 and
+errors; the scheduler steps also the padding ratio (gateway_scheduled_tokens_total computed/real
+over the step) and the mean batch size. The model step's own batch-1 time for the short text is
+measured alone (onnxruntime on the same model.onnx, same provider) for the c=1 target.
+Results: loadtest/results/<name>-7-peers/ (results.json, summary.md, peers.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from contract.batching import padded_width
+from devstack.gateway import GatewayProcess
+from devstack.tritonserver import STUB_PYTHON_ENV, REPO_ROOT, TritonServer, free_port
+from loadtest.corpus import CorpusSpec, make_corpus
+from loadtest.machine import describe_machine
+from loadtest.report import RESULTS_DIR, RunRecord, save, summary_markdown
+from loadtest.runner import run_step
+from loadtest.stats import Latency, StepResult, StepSettings
+from loadtest.targets import GatewaySpec
+
+SHORT_TEXT = "how fast is the model server?"
+STEPS = (  # (label, concurrency, texts per request, short text)
+    ("single text c=64", 64, 1, False),
+    ("single text c=256", 256, 1, False),
+    ("32 texts c=16", 16, 32, False),
+    ("short text c=1", 1, 1, True),
+)
+
+
+def metric_sum(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` on a /metrics page whose labels include `labels`."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def scheduler_counters(url: str) -> dict[str, float]:
+    return {
+        "real": metric_sum(url, "gateway_scheduled_tokens_total", kind="real"),
+        "computed": metric_sum(url, "gateway_scheduled_tokens_total", kind="computed"),
+        "batches": metric_sum(url, "gateway_batch_size_count"),
+        "texts": metric_sum(url, "gateway_batch_size_sum"),
+    }
+
+
+def token_lengths(model_dir: Path, texts: list[str]) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [len(ids) for ids in tokenizer(texts, truncation=True, max_length=512)["input_ids"]]
+
+
+def build(model_dir: Path, repo: Path, args: argparse.Namespace) -> Path:
+    cmd = [sys.executable, "-m", "builder", "build", "--model", str(model_dir), "--task", "embed", "--name", "bench",
+           "--repository", str(repo), "--runtime", "python", "--formats", "onnx", "--device", args.device,
+           "--max-batch-size", str(args.max_batch_size), "--instances", str(args.instances),
+           "--tokenizer-instances", str(args.tokenizer_instances), *args.builder_arg]
+    subprocess.run(cmd, check=True, cwd=REPO_ROOT)
+    return repo
+
+
+def step_alone_ms(repo: Path, width: int, repeats: int = 200) -> dict[str, object]:
+    """The model step alone at batch 1 x `width`: onnxruntime in the stub's environment, same provider as Triton."""
+    code = f"""
+import json, sys, time
+import numpy as np, onnxruntime as ort
+providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
+sess = ort.InferenceSession(sys.argv[1], providers=providers)
+feed = {{"input_ids": np.full((1, {width}), 7, np.int32), "attention_mask": np.ones((1, {width}), np.int32),
+        "token_type_ids": np.zeros((1, {width}), np.int32)}}
+for _ in range(20): sess.run(None, feed)
+t = []
+for _ in range({repeats}):
+    t0 = time.perf_counter(); sess.run(None, feed); t.append(time.perf_counter() - t0)
+print(json.dumps({{"median_ms": float(np.median(t) * 1e3), "providers": sess.get_providers()}}))
+"""
+    python = os.environ.get(STUB_PYTHON_ENV) or sys.executable
+    model = next(repo.glob("*_onnx/1/model.onnx"))
+    out = subprocess.run([python, "-c", code, str(model)], capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def peer_steps(model_dir: Path, args: argparse.Namespace, corpus_size: int) -> tuple[list[StepResult], dict[str, float]]:
+    out = subprocess.run([sys.executable, "-m", "loadtest.peers", "--model", str(model_dir), "--corpus-size",
+                          str(corpus_size), "--repeats", str(args.peer_repeats)], capture_output=True, text=True,
+                         check=True, cwd=REPO_ROOT)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("PEERS "))
+    peers = json.loads(line[len("PEERS "):])
+    steps, rates = [], {}
+    for name, r in peers.items():
+        ms = r["seconds"] * 1000
+        steps.append(StepResult(
+            label=f"peer: {name}", settings=StepSettings(concurrency=1, batch=r["batch_size"], duration_s=r["seconds"],
+                                                        warmup_s=0),
+            requests=1, errors=0, items=corpus_size, window_s=r["seconds"], throughput_rps=1 / r["seconds"],
+            items_per_s=r["texts_per_s"], latency_ms=Latency(mean=ms, p50=ms, p90=ms, p95=ms, p99=ms, max=ms),
+            client_cpu_us_per_request=0.0))
+        rates[name] = r["texts_per_s"]
+    return steps, rates
+
+
+def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str], args: argparse.Namespace,
+               scheduler: bool, only: tuple[str, ...] = ()) -> tuple[list[StepResult], dict[str, dict[str, float]]]:
+    """The stack's (or another server's) HTTP steps; with `scheduler`, batching counters per step."""
+    spec = GatewaySpec(url=url, endpoint=endpoint, model=model, timeout_s=60)  # type: ignore[arg-type]
+    steps, batching = [], {}
+    for name, concurrency, batch, short in STEPS:
+        if only and name not in only:
+            continue
+        texts = [SHORT_TEXT] if short else corpus
+        settings = StepSettings(concurrency=concurrency, batch=batch, duration_s=args.duration, warmup_s=args.warmup,
+                                procs=1 if concurrency == 1 else min(args.procs, concurrency))
+        before = scheduler_counters(url) if scheduler else {}
+        result = run_step(f"{label}: {name}", spec, settings, texts)
+        if scheduler:
+            after = scheduler_counters(url)
+            delta = {k: after[k] - before[k] for k in after}
+            batching[result.label] = {
+                "padding_ratio": delta["computed"] / delta["real"] if delta["real"] else float("nan"),
+                "mean_batch_texts": delta["texts"] / delta["batches"] if delta["batches"] else float("nan"),
+                "batches": delta["batches"],
+            }
+        print(f"  {result.label:<42} {result.items_per_s:9.0f} texts/s  p50 {result.latency_ms.p50:8.2f} ms  "
+              f"p99 {result.latency_ms.p99:8.2f} ms  errors {result.errors}  {batching.get(result.label, '')}",
+              file=sys.stderr, flush=True)
+        steps.append(result)
+    return steps, batching
+
+
+def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, log: Path
+                 ) -> tuple[list[StepResult], list[str]]:
+    python = os.environ.get("INFINITY_PYTHON")
+    if not python:
+        return [], ["infinity-emb: not run ($INFINITY_PYTHON not set)"]
+    port = free_port()
+    cmd = [python, "-m", "infinity_emb.infinity_server", "v2", "--model-id", str(model_dir), "--served-model-name",
+           "bench", "--engine", "torch", "--dtype", "float16", "--batch-size", str(args.infinity_batch_size),
+           "--port", str(port), "--url-prefix", "/v1", "--no-model-warmup"]
+    env = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return [], [f"infinity-emb exited with {proc.returncode} (log tail: {log.read_text()[-800:]!r})"]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            return [], ["infinity-emb did not answer /health within 180 s"]
+        steps, _ = http_steps("infinity-emb", url, "bench", "openai", corpus, args, scheduler=False,
+                              only=("single text c=64", "single text c=256", "32 texts c=16"))
+        version = subprocess.run([python, "-c", "import infinity_emb; print(infinity_emb.__version__)"],
+                                 capture_output=True, text=True, check=False).stdout.strip()
+        return steps, [f"infinity-emb {version}: engine torch, fp16, batch size {args.infinity_batch_size}"]
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def plot(record: RunRecord, out: Path, reference: float | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = record.steps
+    fig, ax = plt.subplots(figsize=(10, 0.38 * len(steps) + 1.5))
+    ax.barh([s.label for s in steps][::-1], [s.items_per_s for s in steps][::-1], color="#4878a8")
+    if reference:
+        ax.axvline(reference, color="#c44", linestyle="--", label="sentence-transformers encode")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("texts / s")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(f"{record.name}: {record.machine.gpu.split(',')[0] if record.machine.gpu else 'CPU'}")
+    fig.tight_layout()
+    fig.savefig(out / "peers.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench7", description=__doc__.splitlines()[0])
+    p.add_argument("--name", default="local")
+    p.add_argument("--shape", default="base")
+    p.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
+    p.add_argument("--parts", default="peers,scheduler,ensemble,infinity")
+    p.add_argument("--repository", type=Path, help="a built repository (default: build --shape with the builder)")
+    p.add_argument("--builder-arg", action="append", default=[])
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--tokenizer-instances", type=int, default=4)
+    p.add_argument("--workers", type=int, default=4, help="gateway workers")
+    p.add_argument("--gateway-setting", action="append", default=[], help="extra GATEWAY_* setting, k=v")
+    p.add_argument("--procs", type=int, default=5, help="client processes")
+    p.add_argument("--corpus-size", type=int, default=4000)
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--peer-repeats", type=int, default=3)
+    p.add_argument("--infinity-batch-size", type=int, default=128)
+    p.add_argument("--work", type=Path)
+    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = p.parse_args(argv)
+    parts = set(args.parts.split(","))
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench7-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from loadtest.models import make_bert
+
+    model_dir = make_bert(work / "model", "embed", args.shape)
+    corpus = make_corpus(CorpusSpec(size=args.corpus_size))
+    lengths = token_lengths(model_dir, [*corpus, SHORT_TEXT])
+    tokens_per_text, short_width = sum(lengths[:-1]) / len(corpus), padded_width(lengths[-1], 8, 512)
+    machine = describe_machine()
+    steps: list[StepResult] = []
+    notes: list[str] = []
+    peers: dict[str, float] = {}
+    if "peers" in parts:
+        peer, peers = peer_steps(model_dir, args, len(corpus))
+        steps += peer
+    repo = args.repository or build(model_dir, work / "repository", args)
+    batching: dict[str, dict[str, float]] = {}
+    alone = step_alone_ms(repo, width=short_width)
+    gateway_settings = dict(kv.split("=", 1) for kv in args.gateway_setting)
+    with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
+        for pipeline in ("scheduler", "ensemble"):
+            if pipeline not in parts:
+                continue
+            settings = {"workers": str(args.workers), "pipeline": pipeline, "repository": str(repo),
+                        "log_level": "warning", **gateway_settings}
+            with GatewayProcess(triton.grpc_url, settings=settings, log_path=work / f"gateway-{pipeline}.log") as gw:
+                time.sleep(1.0 + 0.3 * args.workers)  # every worker up and discovered
+                result, counters = http_steps(f"stack {pipeline}", gw.url, "bench", "embed", corpus, args,
+                                              scheduler=pipeline == "scheduler")
+                steps += result
+                batching.update(counters)
+    if "infinity" in parts:
+        inf, inf_notes = run_infinity(model_dir, corpus, args, work / "infinity.log")
+        steps += inf
+        notes += inf_notes
+    reference = peers.get("sentence-transformers encode")
+    ratios: dict[str, float] = {}
+    for s in steps:
+        if s.label.startswith("peer"):
+            continue
+        if reference:
+            ratios[f"{s.label}: texts/s / sentence-transformers encode"] = s.items_per_s / reference
+        if s.label in batching:
+            ratios[f"{s.label}: padding ratio (computed / real tokens)"] = batching[s.label]["padding_ratio"]
+            ratios[f"{s.label}: mean texts per batch"] = batching[s.label]["mean_batch_texts"]
+        if "short text c=1" in s.label:
+            ratios[f"{s.label}: p50 - model step alone at batch 1 (ms)"] = s.latency_ms.p50 - float(alone["median_ms"])  # type: ignore[arg-type]
+    notes += [
+        f"corpus: make_corpus(CorpusSpec(size={len(corpus)})): {tokens_per_text:.1f} tokens per text on average "
+        f"(truncated at 512); tokens/s = texts/s x {tokens_per_text:.1f}",
+        f"model step alone, batch 1 x {short_width} tokens ('{SHORT_TEXT}', {lengths[-1]} tokens, as the gateway "
+        f"pads it on a GPU): {alone['median_ms']:.2f} ms "
+        f"({alone['providers']})",
+        f"peers (texts/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()),
+        f"gateway: {args.workers} workers, settings {gateway_settings or 'defaults'}; {args.procs} client processes; "
+        f"repository: --max-batch-size {args.max_batch_size} --instances {args.instances} "
+        f"--tokenizer-instances {args.tokenizer_instances} {' '.join(args.builder_arg)}",
+        "tokens/s per step: " + ", ".join(f"{s.label} {s.items_per_s * tokens_per_text:.0f}" for s in steps),
+        "errors per step: " + ", ".join(f"{s.label} {s.errors}" for s in steps),
+    ]
+    record = RunRecord(name=f"{args.name}-7-peers", description=__doc__.split("\n\n")[1], machine=machine,
+                       settings={"shape": args.shape, "duration_s": args.duration, "warmup_s": args.warmup,
+                                 "tokens_per_text": tokens_per_text, "batching": batching, "step_alone": alone,
+                                 "peers": peers},
+                       steps=steps, ratios=ratios, notes=notes)
+    out = save(record, args.out)
+    plot(record, out, reference)
+    print(summary_markdown(record), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
