@@ -162,7 +162,8 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
     cmd = [python, "-m", "infinity_emb.infinity_server", "v2", "--model-id", str(model_dir), "--served-model-name",
            "bench", "--engine", "torch", "--dtype", "float16", "--batch-size", str(args.infinity_batch_size),
            "--port", str(port), "--url-prefix", "/v1", "--no-model-warmup"]
-    env = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own environment, not the gateway's wheels
+    env.update({"INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"})
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -181,7 +182,7 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
         steps, _ = http_steps("infinity-emb", url, "bench", "openai", corpus, args, scheduler=False,
                               only=("single text c=64", "single text c=256", "32 texts c=16"))
         version = subprocess.run([python, "-c", "import infinity_emb; print(infinity_emb.__version__)"],
-                                 capture_output=True, text=True, check=False).stdout.strip()
+                                 capture_output=True, text=True, check=False, env=env).stdout.strip()
         return steps, [f"infinity-emb {version}: engine torch, fp16, batch size {args.infinity_batch_size}"]
     finally:
         os.killpg(proc.pid, 15)

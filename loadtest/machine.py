@@ -75,5 +75,7 @@ def describe_machine() -> Machine:
         gpu=gpu,
         python=platform.python_version(),
         packages=versions,
-        git_commit=_run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"]),
+        # the GPU host gets a copy of the working tree without .git: the caller passes the commit
+        git_commit=_run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"])
+        or os.environ.get("LOADTEST_GIT_COMMIT"),
     )

@@ -1,40 +1,65 @@
 #!/usr/bin/env bash
-# On the GPU host: unpack what the device calls carried (see README.md) and write /tmp/lt-env.sh.
-#   PARTS=/tmp/ltg  (ortpart.0..3, tritonserver.tar.xz, perf_analyzer*.whl)   WHEELS=.gpu/whl
+# On the GPU host: unpack whatever parts of .gpu/ this and earlier calls carried (bundle.sh made them)
+# and write /tmp/lt-env.sh to source. Idempotent: each call runs it again; what is there stays.
+#   /tmp/ortgpu   onnxruntime-gpu (sm_90), importable by any python through PYTHONPATH
+#   /tmp/site     gateway, builder and loadtest wheels for the host's python3 (PYTHONPATH)
+#   /tmp/stubenv  the python-backend stub's environment: numpy 1.26 + onnxruntime-gpu, then the host's packages
+#                 (the 2.51 stub needs numpy 1; the host's transformers needs its numpy 2: kept apart)
+#   /tmp/infenv   infinity-emb's environment: the versions it pins + numpy 1.26, then the host's packages
+#   /tmp/ts       tritonserver (PyPI wheel binary) with the Python 3.12 stub
 set -euo pipefail
-parts=${PARTS:-/tmp/ltg}
-wheels=${WHEELS:-.gpu/whl}
-if [ ! -d /tmp/ortgpu/onnxruntime ]; then
-  cat "$parts"/ortpart.* > /tmp/ort.tar.xz
-  [ -f "$parts/ort.sha256" ] && (cd /tmp && sed 's#/tmp/ort.tar.xz#ort.tar.xz#' "$parts/ort.sha256" | sha256sum -c -)
-  mkdir -p /tmp/ortgpu && xz -T0 -dc /tmp/ort.tar.xz | tar -C /tmp/ortgpu -x && rm -f /tmp/ort.tar.xz
+root=${GPU_BUNDLE:-.gpu}
+py=python3
+pyver=$($py -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+install() {  # install TARGET WHEEL...
+  local target=$1; shift
+  [ "$#" -gt 0 ] && $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
+}
+host_site=$($py -c 'import site; print(site.getsitepackages()[0])')
+venv() {  # venv DIR: a venv whose own packages come first, then the host's; prints its site-packages
+  # The host's python3 is itself a venv (/opt/torch/.venv): --system-site-packages would reach the
+  # base interpreter's packages only, so a .pth file appends the host venv's site-packages instead.
+  [ -x "$1/bin/python3" ] || $py -m venv --without-pip "$1"
+  echo "$host_site" > "$1/lib/python$pyver/site-packages/zz-host.pth"
+  echo "$1/lib/python$pyver/site-packages"
+}
+if [ -f "$root/a/ort-sm90.tar.xz" ] && [ ! -d /tmp/ortgpu/onnxruntime ]; then
+  mkdir -p /tmp/ortgpu && xz -T0 -dc "$root/a/ort-sm90.tar.xz" | tar -C /tmp/ortgpu -x
 fi
-if [ ! -x /tmp/ts/pytriton/tritonserver/bin/tritonserver ]; then
-  mkdir -p /tmp/ts && xz -T0 -dc "$parts/tritonserver.tar.xz" | tar -C /tmp/ts -x
-  cp /tmp/ts/pytriton/tritonserver/python_backend_stubs/3.12/triton_python_backend_stub /tmp/ts/pytriton/tritonserver/backends/python/
+for part in a b; do
+  if ls "$root/$part"/whl/*.whl >/dev/null 2>&1; then
+    install /tmp/site $(ls "$root/$part"/whl/*.whl | grep -v -e /numpy- -e /py_spy-)
+  fi
+done
+numpy1=$(ls "$root"/b/whl/numpy-1.*.whl 2>/dev/null | head -1 || true)
+if [ -f "$root/b/tritonserver.tar.xz" ] && [ ! -x /tmp/ts/pytriton/tritonserver/bin/tritonserver ]; then
+  mkdir -p /tmp/ts && xz -T0 -dc "$root/b/tritonserver.tar.xz" | tar -C /tmp/ts -x
+  cp /tmp/ts/pytriton/tritonserver/python_backend_stubs/$pyver/triton_python_backend_stub \
+     /tmp/ts/pytriton/tritonserver/backends/python/
 fi
-site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-# The python-backend stub ignores PYTHONPATH and imports from the site-packages of the python3 on
-# PATH: numpy 1 and onnxruntime-gpu go INTO that environment (the machine is bare after the lease).
-if [ -d "$wheels" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --force-reinstall "$wheels"/numpy-*.whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls "$wheels"/*.whl "$parts"/*.whl | grep -v -e /numpy- -e /perf_analyzer)
+if [ -n "$numpy1" ] && [ -d /tmp/ortgpu/onnxruntime ] && [ ! -d /tmp/stubenv/lib ]; then
+  stub_site=$(venv /tmp/stubenv)
+  install "$stub_site" "$numpy1"
+  cp -r /tmp/ortgpu/. "$stub_site/"  # shadows the host's CPU onnxruntime in this environment only
 fi
-if [ ! -f "$site/onnxruntime/capi/libonnxruntime_providers_cuda.so" ]; then
-  python3 -m pip uninstall -y -q onnxruntime || true
-  cp -r /tmp/ortgpu/. "$site/"
+if ls "$root"/c/whl/*.whl >/dev/null 2>&1 && [ -n "$numpy1" ] && [ ! -d /tmp/infenv/lib ]; then
+  inf_site=$(venv /tmp/infenv)
+  install "$inf_site" "$numpy1" "$root"/c/whl/*.whl $(ls "$root"/b/whl/*.whl | grep -v -e /numpy- -e /uvicorn- -e /py_spy-) \
+    "$root"/a/whl/*.whl
 fi
-if ls "$parts"/perf_analyzer-*.whl >/dev/null 2>&1 && [ ! -d /tmp/pa ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/pa "$parts"/perf_analyzer-*.whl
+if ls "$root"/b/whl/py_spy-*.whl >/dev/null 2>&1 && [ ! -x /tmp/pyspy/bin/py-spy ]; then
+  install /tmp/pyspy "$root"/b/whl/py_spy-*.whl
 fi
-nvlibs=$(find "$site/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: || true)
+nvlibs=$(find "$host_site/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: || true)
 cat > /tmp/lt-env.sh <<ENV
 export TRITONSERVER_HOME_DIR=/tmp/ts/pytriton/tritonserver
-export PYTHONPATH=$PWD:/tmp/site:/tmp/pa
-export TRITON_PYTHONPATH=/tmp/site
+export TRITON_STUB_PYTHON=$([ -d /tmp/stubenv/lib ] && echo /tmp/stubenv/bin/python3)
+export INFINITY_PYTHON=$([ -d /tmp/infenv/lib ] && echo /tmp/infenv/bin/python3)
+export ORT_GPU_PATH=/tmp/ortgpu
+export PYTHONPATH=$PWD:/tmp/site
 export LD_LIBRARY_PATH=$nvlibs:\${LD_LIBRARY_PATH:-}
-export PATH=/tmp/site/bin:/tmp/pa/bin:\$PATH
+export PATH=/tmp/site/bin:/tmp/pyspy/bin:\$PATH
 export PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1
 ENV
-echo "wrote /tmp/lt-env.sh"
+echo "wrote /tmp/lt-env.sh ($(ls -d /tmp/ortgpu /tmp/site /tmp/stubenv /tmp/infenv /tmp/ts 2>/dev/null | tr '\n' ' '))"
