@@ -41,6 +41,19 @@ def publish_onnx(source: Path, target: Path) -> None:
 FP32_POOLING_OPS = ("Mul", "ReduceSum", "Div", "Clip")
 
 
+def unique_node_names(model: onnx.ModelProto) -> None:
+    """Rename nodes that share a name (some onnxruntime versions' float16 conversion inserts one Cast per
+    consumer under the same name, which onnxruntime then refuses to load)."""
+    seen: set[str] = set()
+    for node in model.graph.node:
+        if node.name in seen:
+            base, n = node.name, 1
+            while f"{base}_{n}" in seen:
+                n += 1
+            node.name = f"{base}_{n}"
+        seen.add(node.name)
+
+
 def optimize_for_onnxruntime(source: Path, target: Path, num_heads: int, hidden_size: int, *,
                              float16: bool = False) -> dict[str, int]:
     """Run onnxruntime's transformer optimizer (BERT fusions) from `source` into `target`.
@@ -57,6 +70,7 @@ def optimize_for_onnxruntime(source: Path, target: Path, num_heads: int, hidden_
     if float16:
         optimized.convert_float_to_float16(keep_io_types=True,
                                            op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP32_POOLING_OPS])
+        unique_node_names(optimized.model)
     optimized.save_model_to_file(str(target), use_external_data_format=exported_size(source) > EXTERNAL_DATA_THRESHOLD)
     counts = onnx_op_counts(target)
     return {op: counts[op] for op in FUSED_OPS if op in counts}

@@ -64,7 +64,13 @@ def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dic
     from onnxruntime.transformers.optimizer import optimize_model
 
     from builder.export import export_onnx, load_repository_model
-    from builder.optimize import FP32_POOLING_OPS, FUSED_OPS, onnx_op_counts, optimize_for_onnxruntime
+    from builder.optimize import (
+        FP32_POOLING_OPS,
+        FUSED_OPS,
+        onnx_op_counts,
+        optimize_for_onnxruntime,
+        unique_node_names,
+    )
     from builder.settings import ResolvedSettings
 
     settings = ResolvedSettings(
@@ -103,6 +109,7 @@ def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dic
         optimized = optimize_model(str(raw), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0,
                                    use_gpu=True, optimization_options=options)
         optimized.convert_float_to_float16(keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP32_POOLING_OPS])
+        unique_node_names(optimized.model)
         path = work / "".join(c if c.isalnum() else "_" for c in name) / "model.onnx"
         path.parent.mkdir()
         optimized.save_model_to_file(str(path))
