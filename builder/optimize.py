@@ -41,16 +41,37 @@ def publish_onnx(source: Path, target: Path) -> None:
 FP32_POOLING_OPS = ("Mul", "ReduceSum", "Div", "Clip")
 
 
-def unique_node_names(model: onnx.ModelProto) -> None:
-    """Rename nodes that share a name (some onnxruntime versions' float16 conversion inserts one Cast per
-    consumer under the same name, which onnxruntime then refuses to load)."""
+def repair_float16_graph(model: onnx.ModelProto) -> None:
+    """Drop duplicate nodes and rename nodes that share a name.
+
+    onnxruntime 1.31's float16 conversion inserts, for a tensor read by several blocked (float32)
+    operators, one identical Cast per reader, all under the same node and output name; onnxruntime
+    then refuses the model ("Duplicate definition of name"). A node that recomputes an output an
+    identical earlier node already defines is removed; any other duplicate definition is an error.
+    """
+    graph = model.graph
+    defined: dict[str, onnx.NodeProto] = {}
+    keep = []
+    for node in graph.node:
+        twin = next((defined[o] for o in node.output if o in defined), None)
+        if twin is not None:
+            same = (twin.op_type == node.op_type and list(twin.input) == list(node.input)
+                    and list(twin.output) == list(node.output) and list(twin.attribute) == list(node.attribute))
+            if not same:
+                raise ValueError(f"node {node.name!r} redefines {list(node.output)} differently")
+            continue
+        defined.update({o: node for o in node.output if o})
+        keep.append(node)
+    if len(keep) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
     seen: set[str] = set()
-    for node in model.graph.node:
+    for node in graph.node:
         if node.name in seen:
-            base, n = node.name, 1
-            while f"{base}_{n}" in seen:
+            n = 1
+            while f"{node.name}_{n}" in seen:
                 n += 1
-            node.name = f"{base}_{n}"
+            node.name = f"{node.name}_{n}"
         seen.add(node.name)
 
 
@@ -70,7 +91,7 @@ def optimize_for_onnxruntime(source: Path, target: Path, num_heads: int, hidden_
     if float16:
         optimized.convert_float_to_float16(keep_io_types=True,
                                            op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP32_POOLING_OPS])
-        unique_node_names(optimized.model)
+        repair_float16_graph(optimized.model)
     optimized.save_model_to_file(str(target), use_external_data_format=exported_size(source) > EXTERNAL_DATA_THRESHOLD)
     counts = onnx_op_counts(target)
     return {op: counts[op] for op in FUSED_OPS if op in counts}

@@ -69,7 +69,7 @@ def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dic
         FUSED_OPS,
         onnx_op_counts,
         optimize_for_onnxruntime,
-        unique_node_names,
+        repair_float16_graph,
     )
     from builder.settings import ResolvedSettings
 
@@ -109,7 +109,7 @@ def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dic
         optimized = optimize_model(str(raw), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0,
                                    use_gpu=True, optimization_options=options)
         optimized.convert_float_to_float16(keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP32_POOLING_OPS])
-        unique_node_names(optimized.model)
+        repair_float16_graph(optimized.model)
         path = work / "".join(c if c.isalnum() else "_" for c in name) / "model.onnx"
         path.parent.mkdir()
         optimized.save_model_to_file(str(path))
