@@ -220,6 +220,9 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                 facts.optimized = True
                 facts.precision = s.onnx_precision
                 log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops} ({facts.precision})")
+                if not {"Attention", "MultiHeadAttention"} & set(facts.fused_ops):
+                    log(f"notice: {s.name}: onnxruntime {ort.__version__}'s optimizer fused no attention on this export; "
+                        "the model runs with unfused attention (onnxruntime 1.31 fuses it on BERT exports of transformers 5)")
             except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({reason}); publishing the plain export")

@@ -40,6 +40,7 @@ def main() -> None:
         access_log=False,
         timeout_graceful_shutdown=10,
         loop=settings.loop,
+        http="gateway.http_protocol:NoDelayHttpToolsProtocol",
     )
 
 

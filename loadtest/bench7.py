@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -34,6 +35,7 @@ from contract.batching import padded_width
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import STUB_PYTHON_ENV, REPO_ROOT, TritonServer, free_port
 from loadtest.corpus import CorpusSpec, make_corpus
+from loadtest.gpu import profile_top
 from loadtest.machine import describe_machine
 from loadtest.report import RESULTS_DIR, RunRecord, save, summary_markdown
 from loadtest.runner import run_step
@@ -125,9 +127,36 @@ def peer_steps(model_dir: Path, args: argparse.Namespace, corpus_size: int) -> t
     return steps, rates
 
 
+def profile_busiest_child(parent: int, delay: float, seconds: float, out: Path) -> threading.Thread:
+    """After `delay` s, py-spy the busiest child process of `parent` (a uvicorn worker) for `seconds`;
+    the summary goes to `out` (loadtest.gpu.profile_top). Runs in a thread; no py-spy = a note in `out`."""
+
+    def work() -> None:
+        import psutil
+
+        time.sleep(delay)
+        children = psutil.Process(parent).children(recursive=True)
+        for child in children:
+            child.cpu_percent(None)
+        time.sleep(0.5)
+        busiest = max(children, key=lambda c: c.cpu_percent(None))
+        raw = out.with_suffix(".raw")
+        spy = subprocess.run(["py-spy", "record", "--pid", str(busiest.pid), "--duration", str(int(seconds)),
+                              "--rate", "200", "--format", "raw", "--nonblocking", "-o", str(raw)],
+                             capture_output=True, text=True, check=False)
+        lines = profile_top(raw, 40) if raw.exists() else [f"py-spy failed: {spy.stderr[-500:]}"]
+        out.write_text(f"worker pid {busiest.pid}, {seconds:.0f} s at 200 Hz\n" + "\n".join(lines) + "\n")
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
 def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str], args: argparse.Namespace,
-               scheduler: bool, only: tuple[str, ...] = ()) -> tuple[list[StepResult], dict[str, dict[str, float]]]:
-    """The stack's (or another server's) HTTP steps; with `scheduler`, batching counters per step."""
+               scheduler: bool, only: tuple[str, ...] = (), profile: tuple[int, Path] | None = None
+               ) -> tuple[list[StepResult], dict[str, dict[str, float]]]:
+    """The stack's (or another server's) HTTP steps; with `scheduler`, batching counters per step.
+    `profile` = (gateway pid, output file): py-spy one worker during the c=256 step."""
     spec = GatewaySpec(url=url, endpoint=endpoint, model=model, timeout_s=60)  # type: ignore[arg-type]
     steps, batching = [], {}
     for name, concurrency, batch, short in STEPS:
@@ -137,7 +166,12 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
         settings = StepSettings(concurrency=concurrency, batch=batch, duration_s=args.duration, warmup_s=args.warmup,
                                 procs=1 if concurrency == 1 else min(args.procs, concurrency))
         before = scheduler_counters(url) if scheduler else {}
+        spy = None
+        if profile and name == "single text c=256":
+            spy = profile_busiest_child(profile[0], 2.0 + args.warmup + 1.0, max(args.duration - 3, 2), profile[1])
         result = run_step(f"{label}: {name}", spec, settings, texts)
+        if spy:
+            spy.join(timeout=30)
         if scheduler:
             after = scheduler_counters(url)
             delta = {k: after[k] - before[k] for k in after}
@@ -229,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--peer-repeats", type=int, default=3)
     p.add_argument("--infinity-batch-size", type=int, default=128)
+    p.add_argument("--profile", action="store_true", help="py-spy one gateway worker during the c=256 steps")
     p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
@@ -260,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                         "log_level": "warning", **gateway_settings}
             with GatewayProcess(triton.grpc_url, settings=settings, log_path=work / f"gateway-{pipeline}.log") as gw:
                 time.sleep(1.0 + 0.3 * args.workers)  # every worker up and discovered
+                assert gw.process is not None
+                profile = (gw.process.pid, work / f"profile-gateway-{pipeline}.txt") if args.profile else None
                 result, counters = http_steps(f"stack {pipeline}", gw.url, "bench", "embed", corpus, args,
-                                              scheduler=pipeline == "scheduler")
+                                              scheduler=pipeline == "scheduler", profile=profile)
                 steps += result
                 batching.update(counters)
     if "infinity" in parts:

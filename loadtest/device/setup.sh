@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host: unpack whatever parts of .gpu/ this and earlier calls carried (bundle.sh made them)
 # and write /tmp/lt-env.sh to source. Idempotent: each call runs it again; what is there stays.
-#   /tmp/ortgpu   onnxruntime-gpu (sm_90), importable by any python through PYTHONPATH
+#   /tmp/ortgpu   onnxruntime-gpu (sm_90) on PYTHONPATH: the builder's optimizer and parity use it too (the
+#                 host's onnxruntime 1.30 does not fuse Attention on transformers 5's export; 1.31 does)
 #   /tmp/site     gateway, builder and loadtest wheels for the host's python3 (PYTHONPATH)
 #   /tmp/stubenv  the python-backend stub's environment: numpy 1.26 + onnxruntime-gpu, then the host's packages
 #                 (the 2.51 stub needs numpy 1; the host's transformers needs its numpy 2: kept apart)
@@ -56,7 +57,7 @@ export TRITONSERVER_HOME_DIR=/tmp/ts/pytriton/tritonserver
 export TRITON_STUB_PYTHON=$([ -d /tmp/stubenv/lib ] && echo /tmp/stubenv/bin/python3)
 export INFINITY_PYTHON=$([ -d /tmp/infenv/lib ] && echo /tmp/infenv/bin/python3)
 export ORT_GPU_PATH=/tmp/ortgpu
-export PYTHONPATH=$PWD:/tmp/site
+export PYTHONPATH=$PWD:/tmp/site$([ -d /tmp/ortgpu/onnxruntime ] && echo :/tmp/ortgpu)
 export LD_LIBRARY_PATH=$nvlibs:\${LD_LIBRARY_PATH:-}
 export PATH=/tmp/site/bin:/tmp/pyspy/bin:\$PATH
 export PYTHONUNBUFFERED=1
