@@ -223,6 +223,20 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
         proc.wait(timeout=30)
 
 
+def save_diagnostics(work: Path, tag: str, gateway_url: str, triton: TritonServer) -> None:
+    """The gateway's and Triton's /metrics and Triton's per-model statistics after a series (for the logs)."""
+    import tritonclient.grpc as grpcclient
+
+    for name, url in (("gateway", f"{gateway_url}/metrics"), ("triton", triton.metrics_url)):
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                (work / f"{name}-metrics-{tag}.txt").write_bytes(resp.read())
+        except OSError as exc:
+            (work / f"{name}-metrics-{tag}.txt").write_text(f"unavailable: {exc}\n")
+    stats = grpcclient.InferenceServerClient(triton.grpc_url).get_inference_statistics(as_json=True)
+    (work / f"triton-stats-{tag}.json").write_text(json.dumps(stats, indent=1))
+
+
 def plot(record: RunRecord, out: Path, reference: float | None) -> None:
     import matplotlib
 
@@ -301,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                                               scheduler=pipeline == "scheduler", profile=profile)
                 steps += result
                 batching.update(counters)
+                save_diagnostics(work, pipeline, gw.url, triton)
     if "infinity" in parts:
         inf, inf_notes = run_infinity(model_dir, corpus, args, work / "infinity.log")
         steps += inf

@@ -8,8 +8,9 @@ passage with short queries does not pad the queries to 500. A batch the gateway 
 request, already tight) runs as it came. With `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's
 dynamic batcher merges requests of any width into one execute() call.
 
-The CUDA execution provider is used when the instance is KIND_GPU and onnxruntime offers it,
-else the CPU provider. Inputs and outputs stay int32 / float32 whatever the graph computes in.
+A KIND_GPU instance runs on onnxruntime's CUDA execution provider or fails to load (never on the
+CPU quietly); a KIND_CPU instance on the CPU provider. Inputs and outputs stay int32 / float32
+whatever the graph computes in.
 """
 
 import json
@@ -31,6 +32,24 @@ _GPU = {"call_cost_tokens": 1024, "pad_multiple": 8}
 _CPU = {"call_cost_tokens": 64, "pad_multiple": 1}
 
 
+def _cuda_session(path, options, device):
+    """An onnxruntime session on the CUDA provider, or an error: a KIND_GPU instance never runs on the CPU quietly."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise RuntimeError(f"KIND_GPU instance, but onnxruntime {ort.__version__} has no CUDA provider "
+                           "(install onnxruntime-gpu, or build with --device cpu)")
+    # onnxruntime 1.31 looks a (name, {"device_id": ...}) provider up among its plugin EP devices and,
+    # finding none, warns and falls back to the CPU; the plain name still selects the built-in CUDA EP.
+    attempts = [[("CUDAExecutionProvider", {"device_id": str(device)}), "CPUExecutionProvider"]]
+    if device == 0:
+        attempts.append(["CUDAExecutionProvider", "CPUExecutionProvider"])
+    for providers in attempts:
+        session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        if session.get_providers()[0] == "CUDAExecutionProvider":
+            return session
+    raise RuntimeError(f"onnxruntime {ort.__version__} could not run model.onnx on CUDA device {device} "
+                       f"(session providers {session.get_providers()})")
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -40,14 +59,14 @@ class TritonPythonModel:
         threads = int(parameters.get("intra_op_num_threads", {}).get("string_value", "0") or 0)
         if threads > 0:
             options.intra_op_num_threads = threads
-        providers = ["CPUExecutionProvider"]
-        tuning = _CPU
-        if args.get("model_instance_kind") == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
-            device = int(args.get("model_instance_device_id", "0"))
-            providers = [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
-            tuning = _GPU
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
-        self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        if args.get("model_instance_kind") == "GPU":
+            self.session = _cuda_session(path, options, int(args.get("model_instance_device_id", "0")))
+            tuning = _GPU
+        else:
+            self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+            tuning = _CPU
+        pb_utils.Logger.log_info(f"{args['model_name']}: onnxruntime {ort.__version__} on {self.session.get_providers()}")
         self.max_tokens = int(parameters.get("max_batch_tokens", {}).get("string_value", "0") or 16384)
         self.pad_multiple = tuning["pad_multiple"]
         self.call_cost_tokens = tuning["call_cost_tokens"]
