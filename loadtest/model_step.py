@@ -57,8 +57,8 @@ def _cases(shapes: tuple[tuple[int, int], ...], vocab: int) -> dict[str, dict[st
     return cases
 
 
-def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dict[str, Any]]:
-    """The raw export and its optimizer variants: name -> {path, fused}."""
+def export_variants(model_dir: Path, work: Path, float16: bool, builder_only: bool = False) -> dict[str, dict[str, Any]]:
+    """The raw export and its optimizer variants (or the builder's form alone): name -> {path, fused}."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -96,7 +96,7 @@ def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dic
     published.parent.mkdir()
     optimize_for_onnxruntime(raw, published, heads, hidden, float16=float16)
     add("builder (fused, fp16)" if float16 else "builder (fused, fp32)", published)
-    if not float16:
+    if not float16 or builder_only:
         return variants
     for name, configure in (
         ("fp16, raw 2-D mask", lambda o: o.use_raw_attention_mask(True)),
