@@ -16,7 +16,6 @@ import numpy as np
 import onnxruntime as ort
 
 from builder import configs, tensorrt_engine
-from contract import BATCHING_MODULE, LABELS_FILE, TOKENIZATION_MODULE, TOKENIZER_FILE, entry_names
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import Manifest, OnnxFacts, fingerprint, library_versions, python_version, read_manifest, write_manifest
@@ -24,6 +23,8 @@ from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_o
 from builder.parity import ParityResult, compare, parity_inputs, torch_reference
 from builder.publish import publish, staging_directory
 from builder.settings import BuildRequest, Format, Pooling, ResolvedSettings, Task, default_preferred_batch_sizes
+from contract import BATCHING_MODULE, LABELS_FILE, TOKENIZATION_MODULE, TOKENIZER_FILE, entry_names
+from contract.batching import default_rows, default_widths
 from builder.source import (
     ModelSource,
     config_labels,
@@ -118,6 +119,18 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     if precision == "fp16" and not request.onnx_optimize:
         raise BuildError(f"{request.name}: --onnx-precision fp16 converts the optimized graph; it needs the optimizer "
                          "(drop --no-onnx-optimize or use --onnx-precision fp32)")
+    gpu = request.device == "gpu"
+    widths = sorted(set(request.batch_widths)) if request.batch_widths is not None else (
+        list(default_widths(max_seq_len)) if gpu else [])
+    rows = sorted(set(request.batch_rows)) if request.batch_rows is not None else (
+        list(default_rows(request.max_batch_size)) if gpu else [])
+    if widths and (widths[0] <= 0 or widths[-1] != max_seq_len):
+        raise BuildError(f"{request.name}: --batch-widths must be positive and end with max-seq-len ({max_seq_len})")
+    if rows and (rows[0] <= 0 or rows[-1] != request.max_batch_size):
+        raise BuildError(f"{request.name}: --batch-rows must be positive and end with max-batch-size "
+                         f"({request.max_batch_size})")
+    if bool(widths) != bool(rows):
+        raise BuildError(f"{request.name}: give --batch-widths and --batch-rows together")
     return ResolvedSettings(
         model=request.model, revision=source.revision, task=task, name=request.name, formats=formats,
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
@@ -126,6 +139,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
         tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
         onnx_optimize=request.onnx_optimize, onnx_precision=precision, max_batch_tokens=request.max_batch_tokens,
+        batch_widths=widths, batch_rows=rows,
         merge_buckets=merge_buckets,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,

@@ -36,6 +36,10 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "onnx_precision": {"choices": ["fp32", "fp16"],
                        "help": "precision of the published model.onnx (default fp16 with --device gpu, else fp32)"},
     "max_batch_tokens": {"type": int, "help": "python runtime: token budget of one onnxruntime call (default 16384)"},
+    "batch_widths": {"help": "comma list of padded widths the model step's batches take, ending with max-seq-len "
+                     "(default with --device gpu: 8..64 by 8, ..128 by 16, ..256 by 32, ..512 by 64; none on CPU)"},
+    "batch_rows": {"help": "comma list of row counts the batches take, ending with max-batch-size "
+                   "(default with --device gpu: powers of two; none on CPU)"},
     "trt_opt_batch_size": {"type": int, "help": "TensorRT profile opt batch (default min(8, max-batch-size))"},
     "trt_workspace_mib": {"type": int, "help": "TensorRT workspace limit (default 4096)"},
     "trt_timing_cache": {"help": "TensorRT timing cache file reused across builds"},

@@ -75,6 +75,9 @@ def _step_io(config: mc.ModelConfig, settings: ResolvedSettings, width: int) -> 
     for name in TOKEN_INPUTS:
         config.input.add(name=name, data_type=mc.TYPE_INT32, dims=[-1])
     config.output.add(name=settings.output_name, data_type=mc.TYPE_FP32, dims=[width])
+    if settings.batch_widths:  # the shapes batches keep to (contract/batching.py): the gateway pads to them
+        config.parameters[Param.BATCH_WIDTHS].string_value = ",".join(map(str, settings.batch_widths))
+        config.parameters[Param.BATCH_ROWS].string_value = ",".join(map(str, settings.batch_rows))
 
 
 def onnx_config(settings: ResolvedSettings, width: int, precision: str) -> mc.ModelConfig:

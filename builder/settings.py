@@ -64,6 +64,17 @@ class BuildRequest(BaseModel):
         description="python runtime: token budget of one onnxruntime call; rows of a merged batch are sorted by "
         "length and cut into sub-batches under it, each padded to its own longest row",
     )
+    batch_widths: Annotated[list[int] | None, CommaList] = Field(
+        default=None,
+        description="padded widths the model step's batches take (warmed at load by the python runner, padded to "
+        "by the gateway). Default with --device gpu: 8,16,...,64,80,...,128,160,...,256,320,...,512 capped at "
+        "max-seq-len; on CPU none (each batch padded to its longest row)",
+    )
+    batch_rows: Annotated[list[int] | None, CommaList] = Field(
+        default=None,
+        description="row counts the model step's batches take. Default with --device gpu: powers of two up to "
+        "max-batch-size; on CPU none",
+    )
     merge_buckets: bool | None = Field(
         default=None,
         description="python runtime: let the dynamic batcher merge requests of different widths (ragged "
@@ -103,6 +114,8 @@ class ResolvedSettings(BaseModel):
     onnx_optimize: bool
     onnx_precision: Precision
     max_batch_tokens: int
+    batch_widths: list[int]
+    batch_rows: list[int]
     merge_buckets: bool
     trt_opt_batch_size: int
     trt_workspace_mib: int

@@ -55,6 +55,8 @@ class Param:
     # model steps
     PRECISION = "precision"
     MAX_BATCH_TOKENS = "max_batch_tokens"
+    BATCH_WIDTHS = "batch_widths"  # the padded widths batches take (contract/batching.py), comma list
+    BATCH_ROWS = "batch_rows"  # the row counts batches take, comma list
     INTRA_OP_THREADS = "intra_op_num_threads"
 
 

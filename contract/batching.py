@@ -1,36 +1,84 @@
-"""How token sequences of different lengths are cut into padded batches.
+"""How token sequences of different lengths are cut into padded batches, and which shapes batches take.
 
 One rule for the gateway's scheduler (which forms the batches it sends to a model step) and the
-python-backend runner (which re-plans merged ragged batches): the builder copies this file next
-to the runner's model.py, so only the standard library may be imported here.
+python-backend runner (which re-plans merged ragged batches, and warms its shapes up at load):
+the builder copies this file next to the runner's model.py, so only the standard library may be
+imported here.
 
-Rows are taken in length order; a batch is padded to its own longest row (rounded up to
-`pad_multiple`, never past `max_width`) and grows while it stays within `max_rows`,
-`max_tokens` padded tokens, and a padding bound: padded tokens <= PAD_RATIO_LIMIT x the tokens
-its rows would take alone (each rounded up on its own) + `call_cost_tokens`. The additive term is what one more model call costs, in tokens:
-on a GPU a call has a fixed cost of a few thousand tokens of compute, so small batches merge
-freely there, while long and short texts still go to different batches.
+Shapes. A model step may declare the widths and row counts its batches take (config parameters
+`batch_widths`, `batch_rows`): onnxruntime's CUDA provider spends ~50 ms on the first run of every
+new input shape of the fused fp16 BERT graph (measured on an H100, loadtest/cold_shapes.py), so a
+GPU step keeps to a few shapes, warmed at load. Without them a batch is padded to its own longest
+row and takes any row count (the CPU provider has no such cost).
+
+Cutting. Rows are taken in length order; a batch is padded to its own longest row (rounded up to
+a declared width) and grows while it stays within `max_rows`, `max_tokens` padded tokens, and a
+padding bound: padded tokens <= PAD_RATIO_LIMIT x the tokens its rows would take alone (each
+rounded up on its own) + `call_cost_tokens`, what one more model call costs in tokens.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 PAD_RATIO_LIMIT = 1.25
+ROW_PAD_LIMIT = 0.25  # dummy rows allowed to reach a declared row count, as a share of the real ones
+GPU_WIDTHS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
-def padded_width(length: int, pad_multiple: int, max_width: int) -> int:
-    """`length` rounded up to a multiple of `pad_multiple`, capped at `max_width`."""
-    return min(-(-max(length, 1) // pad_multiple) * pad_multiple, max_width)
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """"8,16,32" -> (8, 16, 32), sorted and unique; "" -> ()."""
+    return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+
+
+def default_widths(max_width: int) -> tuple[int, ...]:
+    """The GPU width set, capped at and ending with `max_width` (~9% padding on a realistic length mix)."""
+    return tuple(sorted({w for w in GPU_WIDTHS if w < max_width} | {max_width}))
+
+
+def default_rows(max_rows: int) -> tuple[int, ...]:
+    """Powers of two up to and ending with `max_rows`."""
+    return tuple(sorted({1 << k for k in range(max_rows.bit_length()) if 1 << k < max_rows} | {max_rows}))
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The widths and row counts batches take (empty = any), and the widest row."""
+
+    max_width: int
+    widths: tuple[int, ...] = ()
+    rows: tuple[int, ...] = ()
+
+    def width(self, length: int) -> int:
+        """The padded width of a batch whose longest row is `length` tokens."""
+        if not self.widths:
+            return min(max(length, 1), self.max_width)
+        return self.widths[min(bisect.bisect_left(self.widths, length), len(self.widths) - 1)]
+
+    def fit_rows(self, n: int) -> tuple[int, int]:
+        """(rows to take out of `n`, rows to run): pad up with dummy rows to the next declared count when
+        that adds at most ROW_PAD_LIMIT, else take the largest declared count below (the rest waits)."""
+        if not self.rows or n in self.rows:
+            return n, n
+        i = bisect.bisect_left(self.rows, n)
+        if i < len(self.rows) and self.rows[i] - n <= ROW_PAD_LIMIT * n:
+            return n, self.rows[i]
+        below = self.rows[i - 1] if i > 0 else n
+        return below, below
+
+    def warm_shapes(self, max_tokens: int) -> list[tuple[int, int]]:
+        """Every (rows, width) a batch can take: what a step runs once at load."""
+        return [(r, w) for w in self.widths for r in self.rows if r == 1 or r * w <= max_tokens]
 
 
 def plan_batches(
     lengths: Sequence[int],
+    shapes: Shapes,
     *,
     max_rows: int,
     max_tokens: int,
-    pad_multiple: int,
-    max_width: int,
     call_cost_tokens: int,
 ) -> list[tuple[list[int], int]]:
     """Indices of `lengths` sorted by length and cut into batches: a list of (indices, padded width)."""
@@ -39,7 +87,7 @@ def plan_batches(
     members: list[int] = []
     width = alone = 0
     for index in order:
-        new_width = padded_width(lengths[index], pad_multiple, max_width)
+        new_width = shapes.width(lengths[index])
         rows = len(members) + 1
         padded = rows * new_width
         if members and (

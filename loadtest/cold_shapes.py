@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 CHILD = r"""
@@ -47,6 +48,31 @@ for name, shapes in sweeps.items():
 print("COLD " + json.dumps(out))
 """
 
+PROFILE_CHILD = r"""
+import collections, json, sys, time
+import numpy as np, onnxruntime as ort
+options = ort.SessionOptions()
+options.enable_profiling = True
+sess = ort.InferenceSession(sys.argv[1], sess_options=options, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+def feed(b, s):
+    return {"input_ids": np.full((b, s), 7, np.int32), "attention_mask": np.ones((b, s), np.int32),
+            "token_type_ids": np.zeros((b, s), np.int32)}
+sess.run(None, feed(2, 24))
+for b, s in ((3, 40), (5, 72), (3, 40), (5, 72)):  # two new shapes, then the same two again
+    t0 = time.perf_counter(); sess.run(None, feed(b, s)); print(f"{b}x{s}: {(time.perf_counter() - t0) * 1e3:.1f} ms")
+events = json.load(open(sess.end_profiling()))
+runs = [e for e in events if e.get("name") == "model_run"]
+for i, run in enumerate(runs[1:3], 1):
+    inside = [e for e in events if e.get("cat") == "Node" and run["ts"] <= e["ts"] <= run["ts"] + run["dur"]]
+    by = collections.Counter()
+    for e in inside:
+        by[(e["args"].get("op_name", "?"), e["name"].rsplit("_", 1)[-1])] += e["dur"]
+    print(f"cold run {i}: model_run {run['dur'] / 1e3:.1f} ms, nodes {sum(by.values()) / 1e3:.1f} ms; top:",
+          [(op, phase, round(us / 1e3, 2)) for (op, phase), us in by.most_common(8)])
+other = collections.Counter(e["name"] for e in events if e.get("cat") == "Session")
+print("session events:", other.most_common(10))
+"""
+
 SETTINGS: dict[str, dict[str, object]] = {
     "default": {},
     "no memory pattern": {"session": {"enable_mem_pattern": False}},
@@ -66,32 +92,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="base")
     p.add_argument("--python", default=os.environ.get("TRITON_STUB_PYTHON") or sys.executable)
     p.add_argument("--only", default="", help="comma list of setting names (default: all)")
+    p.add_argument("--profile", action="store_true", help="onnxruntime's profiler on two cold shapes instead")
+    p.add_argument("--all-variants", action="store_true",
+                   help="every optimizer variant of loadtest.model_step, default settings, instead")
     args = p.parse_args(argv)
     chosen = [s for s in SETTINGS if not args.only or s in args.only.split(",")]
     if args.model is None:
-        import tempfile
-
         from loadtest.model_step import export_variants
         from loadtest.models import make_bert
 
         work = Path(tempfile.mkdtemp(prefix="cold-shapes-"))
         variants = export_variants(make_bert(work / "model", "embed", args.shape), work / "onnx", float16=True,
-                                   builder_only=True)
+                                   builder_only=not args.all_variants)
         args.model = Path(next(iter(variants.values()))["path"])
+        if args.all_variants:
+            for name, variant in variants.items():
+                print(f"{name:<40} {sweep(args.python, Path(variant['path']), {}, dict(os.environ))}", flush=True)
+            return 0
+    if args.profile:
+        proc = subprocess.run([args.python, "-c", PROFILE_CHILD, str(args.model)], capture_output=True, text=True,
+                              check=False, cwd=tempfile.gettempdir())
+        print(proc.stdout or proc.stderr[-2000:], flush=True)
+        return 0
     for name in chosen:
         setting = SETTINGS[name]
         env = {**os.environ, **{k: str(v) for k, v in dict(setting.get("env", {})).items()}}  # type: ignore[arg-type]
-        proc = subprocess.run([args.python, "-c", CHILD, str(args.model), json.dumps(setting)], capture_output=True,
-                              text=True, env=env, check=False)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("COLD ")), None)
-        if line is None:
-            print(f"{name}: failed: {proc.stderr[-600:]}", flush=True)
-            continue
-        res = json.loads(line[5:])
-        parts = [f"{sweep}: cold {v['cold']:.1f} ms (max {v['cold_max']:.0f}), warm {v['warm']:.1f} ms"
-                 for sweep, v in res.items() if sweep != "providers"]
-        print(f"{name:<40} " + " | ".join(parts), flush=True)
+        print(f"{name:<40} {sweep(args.python, args.model, setting, env)}", flush=True)
     return 0
+
+
+def sweep(python: str, model: Path, setting: dict[str, object], env: dict[str, str]) -> str:
+    """One child process: both sweeps cold then warm; a line of medians."""
+    proc = subprocess.run([python, "-c", CHILD, str(model), json.dumps(setting)], capture_output=True, text=True,
+                          env=env, check=False)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("COLD ")), None)
+    if line is None:
+        return f"failed: {proc.stderr[-600:]}"
+    res = json.loads(line[5:])
+    return " | ".join(f"{name}: cold {v['cold']:.1f} ms (max {v['cold_max']:.0f}), warm {v['warm']:.1f} ms"
+                      for name, v in res.items() if name != "providers")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
 Every row of every request of one execute() call is sorted by its real length (attention mask)
 and the rows are cut into sub-batches under a token budget (config parameter `max_batch_tokens`),
-each padded only to its own longest row (`batching.py`, the repository copy of
+each padded only to its own longest row, by `batching.py` (the repository copy of
 contract/batching.py, the rule the gateway batches by), so a batch that mixes a 500-token
-passage with short queries does not pad the queries to 500. A batch the gateway formed (one
-request, already tight) runs as it came. With `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's
-dynamic batcher merges requests of any width into one execute() call.
+passage with short queries does not pad the queries to 500. When the config declares the shapes
+batches take (`batch_widths`, `batch_rows`: GPU builds), sub-batches keep to them and every
+shape runs once at load, since onnxruntime's CUDA provider spends ~50 ms on a shape's first run.
+A batch the gateway formed (one request, already of a declared shape) runs as it came. With
+`allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's dynamic batcher merges requests
+of any width into one execute() call.
 
 A KIND_GPU instance runs on onnxruntime's CUDA execution provider or fails to load (never on the
 CPU quietly); a KIND_CPU instance on the CPU provider. Inputs and outputs stay int32 / float32
@@ -16,20 +19,19 @@ whatever the graph computes in.
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching import plan_batches  # noqa: E402  (the repository copy of contract/batching.py)
+from batching import Shapes, parse_sizes, plan_batches  # noqa: E402  (repository copy of contract/batching.py)
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # What one more onnxruntime call costs, in tokens of compute (contract/batching.py): on a GPU
 # a call has a fixed cost of ~1-2 ms (about a thousand tokens of bert-base or more); on a CPU almost none.
-# GPU widths round up to a multiple of 8 (tensor cores, fewer distinct shapes).
-_GPU = {"call_cost_tokens": 1024, "pad_multiple": 8}
-_CPU = {"call_cost_tokens": 64, "pad_multiple": 1}
+CALL_COST_TOKENS = {"GPU": 1024, "CPU": 64}
 
 
 def _cuda_session(path, options, device):
@@ -37,17 +39,14 @@ def _cuda_session(path, options, device):
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise RuntimeError(f"KIND_GPU instance, but onnxruntime {ort.__version__} has no CUDA provider "
                            "(install onnxruntime-gpu, or build with --device cpu)")
-    # onnxruntime 1.31 looks a (name, {"device_id": ...}) provider up among its plugin EP devices and,
-    # finding none, warns and falls back to the CPU; the plain name still selects the built-in CUDA EP.
-    attempts = [[("CUDAExecutionProvider", {"device_id": str(device)}), "CPUExecutionProvider"]]
-    if device == 0:
-        attempts.append(["CUDAExecutionProvider", "CPUExecutionProvider"])
-    for providers in attempts:
-        session = ort.InferenceSession(path, sess_options=options, providers=providers)
-        if session.get_providers()[0] == "CUDAExecutionProvider":
-            return session
-    raise RuntimeError(f"onnxruntime {ort.__version__} could not run model.onnx on CUDA device {device} "
-                       f"(session providers {session.get_providers()})")
+    # onnxruntime 1.31 warns "No registered plugin EP device found for 'CUDAExecutionProvider' with
+    # device_id=0" here and still runs on its built-in CUDA provider (seen on the H100 host).
+    providers = [("CUDAExecutionProvider", {"device_id": str(device)}), "CPUExecutionProvider"]
+    session = ort.InferenceSession(path, sess_options=options, providers=providers)
+    if session.get_providers()[0] != "CUDAExecutionProvider":
+        raise RuntimeError(f"onnxruntime {ort.__version__} could not run model.onnx on CUDA device {device} "
+                           f"(session providers {session.get_providers()})")
+    return session
 
 
 class TritonPythonModel:
@@ -60,16 +59,30 @@ class TritonPythonModel:
         if threads > 0:
             options.intra_op_num_threads = threads
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
-        if args.get("model_instance_kind") == "GPU":
+        kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"
+        if kind == "GPU":
             self.session = _cuda_session(path, options, int(args.get("model_instance_device_id", "0")))
-            tuning = _GPU
         else:
             self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
-            tuning = _CPU
-        pb_utils.Logger.log_info(f"{args['model_name']}: onnxruntime {ort.__version__} on {self.session.get_providers()}")
         self.max_tokens = int(parameters.get("max_batch_tokens", {}).get("string_value", "0") or 16384)
-        self.pad_multiple = tuning["pad_multiple"]
-        self.call_cost_tokens = tuning["call_cost_tokens"]
+        self.call_cost_tokens = CALL_COST_TOKENS[kind]
+        self.widths = parse_sizes(parameters.get("batch_widths", {}).get("string_value", ""))
+        self.rows = parse_sizes(parameters.get("batch_rows", {}).get("string_value", ""))
+        warmed = self._warm_up()
+        pb_utils.Logger.log_info(f"{args['model_name']}: onnxruntime {ort.__version__} on {self.session.get_providers()}, "
+                                 f"{warmed}")
+
+    def _warm_up(self):
+        """Run every declared shape once (a shape's first run is slow on the CUDA provider)."""
+        if not (self.widths and self.rows):
+            return "no declared shapes"
+        start = time.perf_counter()
+        shapes = Shapes(self.widths[-1], self.widths, self.rows).warm_shapes(self.max_tokens)
+        for rows, width in shapes:
+            feed = {name: np.zeros((rows, width), np.int32) for name in INPUTS}
+            feed["attention_mask"][:] = 1
+            self._run(feed)
+        return f"{len(shapes)} shapes warmed in {time.perf_counter() - start:.1f}s"
 
     def _run(self, feed):
         return self.session.run([self.output], feed)[0]
@@ -79,26 +92,33 @@ class TritonPythonModel:
             [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in INPUTS] for r in requests
         ]
         lengths = np.concatenate([mask.sum(axis=1) for _, mask, _ in inputs])
-        max_width = max(ids.shape[1] for ids, _, _ in inputs)
-        plan = plan_batches(lengths.tolist(), max_rows=len(lengths), max_tokens=self.max_tokens,
-                            pad_multiple=self.pad_multiple, max_width=max_width, call_cost_tokens=self.call_cost_tokens)
-        if len(inputs) == 1 and len(plan) == 1:  # e.g. a batch the gateway formed: run it as it came
-            width = plan[0][1]
+        widest = max(ids.shape[1] for ids, _, _ in inputs)
+        shapes = Shapes(self.widths[-1] if self.widths else widest, self.widths, self.rows)
+        plan = plan_batches(lengths.tolist(), shapes, max_rows=len(lengths), max_tokens=self.max_tokens,
+                            call_cost_tokens=self.call_cost_tokens)
+        if len(inputs) == 1 and len(plan) == 1 and shapes.fit_rows(len(lengths)) == (len(lengths),) * 2:
+            width = min(plan[0][1], widest)  # e.g. a batch the gateway formed: run it as it came
             feed = {name: np.ascontiguousarray(tensor[:, :width]) for name, tensor in zip(INPUTS, inputs[0])}
             out = np.ascontiguousarray(self._run(feed), dtype=np.float32)
             return [pb_utils.InferenceResponse([pb_utils.Tensor(self.output, out)])]
         sources = [(r, row) for r, (ids, _, _) in enumerate(inputs) for row in range(ids.shape[0])]
         results = [None] * len(sources)
         for members, width in plan:
-            feed = [np.zeros((len(members), width), dtype=np.int32) for _ in INPUTS]
-            for k, index in enumerate(members):
-                r, row = sources[index]
-                cols = min(width, inputs[r][0].shape[1])
-                for tensor, source in zip(feed, inputs[r]):
-                    tensor[k, :cols] = source[row, :cols]
-            out = self._run(dict(zip(INPUTS, feed)))
-            for k, index in enumerate(members):
-                results[index] = out[k]
+            start = 0
+            while start < len(members):
+                take, run = shapes.fit_rows(len(members) - start)
+                chunk = members[start:start + take]
+                start += take
+                feed = [np.zeros((run, width), dtype=np.int32) for _ in INPUTS]
+                feed[1][take:, 0] = 1  # dummy rows up to a declared row count: one unmasked token each
+                for k, index in enumerate(chunk):
+                    r, row = sources[index]
+                    cols = min(width, inputs[r][0].shape[1])
+                    for tensor, source in zip(feed, inputs[r]):
+                        tensor[k, :cols] = source[row, :cols]
+                out = self._run(dict(zip(INPUTS, feed)))
+                for k, index in enumerate(chunk):
+                    results[index] = out[k]
         responses, start = [], 0
         for ids, _, _ in inputs:
             rows = ids.shape[0]

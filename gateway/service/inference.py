@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract import NUM_TOKENS, TEXT, TOKEN_INPUTS
+from contract.batching import ROW_PAD_LIMIT, Shapes
 from contract.tokenization import EncodedTexts, clean_text
 from gateway.api.errors import InputTooLong
 from gateway.metrics import BatchMetrics
@@ -32,11 +33,10 @@ from gateway.triton.client import Output, TritonClient
 
 log = logging.getLogger("gateway.inference")
 
-# The rounding and the cost of one model call that batches are planned with (contract/batching.py),
-# by where the model step runs: a GPU call costs about a thousand tokens of bert-base compute or more in
-# fixed overhead and likes widths of a multiple of 8; a CPU call has almost no fixed cost.
-_GPU_TUNING = {"pad_multiple": 8, "call_cost_tokens": 1024}
-_CPU_TUNING = {"pad_multiple": 1, "call_cost_tokens": 64}
+# What one more model call costs, in tokens of compute, when batches are planned (contract/batching.py):
+# a GPU call costs about a thousand tokens of bert-base compute or more in fixed overhead, a CPU call
+# almost none. A GPU step that declares no shapes (an older build) gets widths of a multiple of 8.
+_CALL_COST_TOKENS = {"GPU": 1024, "CPU": 64}
 
 
 @dataclass(frozen=True)
@@ -142,15 +142,19 @@ class Inference:
                             model.name, exc, endpoint.triton_model)
             return None
         s = self.settings
-        tuning = _GPU_TUNING if endpoint.step_on_gpu else _CPU_TUNING
-        max_width = model.max_seq_len
+        device = "GPU" if endpoint.step_on_gpu else "CPU"
+        max_rows = min(s.max_batch_requests, endpoint.step_max_batch_size)
+        widths = endpoint.step_widths or (
+            tuple(sorted({*range(8, model.max_seq_len, 8), model.max_seq_len})) if endpoint.step_on_gpu else ())
+        rows = tuple(r for r in endpoint.step_rows if r <= max_rows)
+        if rows and rows[-1] != max_rows:  # GATEWAY_MAX_BATCH_REQUESTS below the step's largest: a declared count
+            max_rows = rows[-1]
         policy = BatchPolicy(
-            max_rows=min(s.max_batch_requests, endpoint.step_max_batch_size),
-            max_tokens=max(s.max_batch_tokens, max_width),
+            max_rows=max_rows,
+            max_tokens=max(s.max_batch_tokens, model.max_seq_len),
             max_in_flight=s.max_batches_in_flight,
-            pad_multiple=tuning["pad_multiple"],
-            call_cost_tokens=tuning["call_cost_tokens"] if s.batch_call_cost_tokens is None else s.batch_call_cost_tokens,
-            max_width=max_width,
+            shapes=Shapes(model.max_seq_len, widths, rows),
+            call_cost_tokens=_CALL_COST_TOKENS[device] if s.batch_call_cost_tokens is None else s.batch_call_cost_tokens,
             pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0,
         )
         output = Output(model.output_name, model.output_width, model.name)
@@ -167,13 +171,13 @@ class Inference:
         scheduler = BatchScheduler(step, model.output_width, policy, run_batch, metrics)
         pipeline = TokenPipeline(tokenizer, sha, scheduler, metrics)
         self.pipelines[step] = pipeline
-        log.info("%s: scheduler pipeline on %s (%s, %s)", model.name, step, policy,
-                 "GPU" if endpoint.step_on_gpu else "CPU")
+        log.info("%s: scheduler pipeline on %s (%s, %s)", model.name, step, policy, device)
         return pipeline
 
     async def _ensure_step_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
         policy = self.pipelines[endpoint.step_model].scheduler.policy
-        token_bytes = policy.max_tokens * 4
+        # dummy rows can take a batch past the token budget by ROW_PAD_LIMIT (contract/batching.py)
+        token_bytes = int(policy.max_tokens * (1 + ROW_PAD_LIMIT) + model.max_seq_len) * 4
         sizes = {name: token_bytes for name in TOKEN_INPUTS}
         sizes[model.output_name] = policy.max_rows * model.output_width * 4
         await self.client.ensure_pool(endpoint.step_model, sizes, policy.max_in_flight + 1)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import orjson
 from tritonclient.grpc import model_config_pb2
 
+from contract.batching import parse_sizes
 from contract import API_BACKEND, BACKEND_PREFERENCE, TASKS, ApiBackend, Param, Task, output_name
 from gateway.api.errors import BadRequest, ModelNotFound
 
@@ -32,6 +33,8 @@ class Endpoint:
     step_model: str = ""
     step_max_batch_size: int = 0
     step_on_gpu: bool = False
+    step_widths: tuple[int, ...] = ()  # the shapes the step's batches take (contract/batching.py)
+    step_rows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,12 @@ def parse_ensemble(
             pad_token_id=int(tok_params.get(Param.PAD_TOKEN_ID, "0") or 0),
             sha256=tok_params.get(Param.TOKENIZER_SHA256, ""),
         )
+        step_params = _params(step)
         endpoint = Endpoint(
             config.name, backend, endpoint.max_batch_size, step_model=step.name,
             step_max_batch_size=int(step.max_batch_size) or 1, step_on_gpu=_on_gpu(step),
+            step_widths=parse_sizes(step_params.get(Param.BATCH_WIDTHS, "")),
+            step_rows=parse_sizes(step_params.get(Param.BATCH_ROWS, "")),
         )
     return model, endpoint
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contract.batching import padded_width, plan_batches
+from contract.batching import Shapes, plan_batches
 from contract.tokenization import EncodedTexts
 from gateway.api.errors import GatewayError
 from gateway.metrics import BatchMetrics
@@ -39,9 +39,8 @@ class BatchPolicy:
     max_rows: int
     max_tokens: int
     max_in_flight: int
-    pad_multiple: int  # 8 on a GPU (tensor cores), 1 on a CPU
+    shapes: Shapes  # the widths and row counts batches take (the step's declared ones, or any)
     call_cost_tokens: int  # what one more model call costs, in tokens (contract/batching.py)
-    max_width: int  # max_seq_len
     pad_id: int
 
 
@@ -118,34 +117,40 @@ class BatchScheduler:
             self._queue = []
             return []
         p = self.policy
-        plan = plan_batches(
-            [row.length for row in queue], max_rows=p.max_rows, max_tokens=p.max_tokens,
-            pad_multiple=p.pad_multiple, max_width=p.max_width, call_cost_tokens=p.call_cost_tokens,
-        )
+        plan = plan_batches([row.length for row in queue], p.shapes, max_rows=p.max_rows, max_tokens=p.max_tokens,
+                            call_cost_tokens=p.call_cost_tokens)
         members = next(indices for indices, _ in plan if 0 in indices) if len(plan) > 1 else plan[0][0]
+        take, _ = p.shapes.fit_rows(len(members))
+        members = sorted(members)[:take]  # a declared row count: the oldest rows go, the others wait
         chosen = set(members)
         self._queue = [row for i, row in enumerate(queue) if i not in chosen]
         self._metrics.queued(-len(members))
         return [queue[i] for i in members]
 
     def _tensors(self, batch: list[_Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """input_ids, attention_mask, token_type_ids of a batch, in a declared shape: dummy rows (one
+        unmasked pad token each, outputs dropped) bring it to a declared row count."""
         p = self.policy
-        lengths = np.fromiter((row.length for row in batch), dtype=np.int64, count=len(batch))
-        width = padded_width(int(lengths.max()), p.pad_multiple, p.max_width)
-        mask = np.arange(width) < lengths[:, None]
-        ids = np.full((len(batch), width), p.pad_id, dtype=np.int32)
-        ids[mask] = np.concatenate([row.ids for row in batch])
-        types = np.zeros((len(batch), width), dtype=np.int32)
+        _, rows = p.shapes.fit_rows(len(batch))
+        lengths = np.zeros(rows, dtype=np.int64)
+        lengths[: len(batch)] = [row.length for row in batch]
+        width = p.shapes.width(int(lengths.max()))
+        real = np.arange(width) < lengths[:, None]
+        ids = np.full((rows, width), p.pad_id, dtype=np.int32)
+        ids[real] = np.concatenate([row.ids for row in batch])
+        types = np.zeros((rows, width), dtype=np.int32)
         if any(row.types is not None for row in batch):
-            types[mask] = np.concatenate([
+            types[real] = np.concatenate([
                 row.types if row.types is not None else np.zeros(row.length, np.int32) for row in batch
             ])
-        return ids, mask.astype(np.int32), types
+        mask = real.astype(np.int32)
+        mask[len(batch):, 0] = 1
+        return ids, mask, types
 
     async def _run(self, batch: list[_Row]) -> None:
         try:
             ids, mask, types = self._tensors(batch)
-            self._metrics.observe(rows=len(batch), width=ids.shape[1], real=int(mask.sum()),
+            self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=sum(row.length for row in batch),
                                   waited=time.perf_counter() - min(row.since for row in batch))
             outputs = await self._run_batch(ids, mask, types)
             for row, output in zip(batch, outputs):

@@ -78,3 +78,47 @@ def test_merge_buckets_defaults_to_on_for_gpu_python_runtime_only(tiny_embedder_
     assert merged(runtime="python", device="cpu") is False
     assert merged(runtime="python", device="gpu", merge_buckets=False) is False
     assert merged(runtime="native", device="gpu", formats="onnx") is False
+
+
+@pytest.mark.timeout(300)
+def test_declared_shapes_are_warmed_at_load_and_kept_to(tiny_embedder_dir: Path, tmp_path: Path) -> None:
+    """--batch-widths/--batch-rows: the runner runs every declared shape once at load, then cuts merged
+    batches to declared shapes (dummy rows or split rows), and every text still gets its own result."""
+    repository = tmp_path / "repo"
+    build_repository(repository, [{"model": str(tiny_embedder_dir), "task": "embed", "name": "m"}],
+                     **PYTHON_CPU, **TINY_LIMITS, merge_buckets=True, max_queue_delay_us=500_000,
+                     preferred_batch_sizes="8", batch_widths="16,32,64", batch_rows="1,2,4,8")
+    config = text_format.Parse((repository / "m_onnx" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert config.parameters["batch_widths"].string_value == "16,32,64"
+    assert config.parameters["batch_rows"].string_value == "1,2,4,8"
+    log = tmp_path / "triton.log"
+    with TritonServer(repository, log_path=log) as server:
+        alone = {t: _embed(server.grpc_url, t) for t in (SHORT, LONG)}
+        texts = [SHORT, LONG, SHORT, SHORT, SHORT, LONG, SHORT]  # 7 texts of two widths in one execution
+        with ThreadPoolExecutor(len(texts)) as pool:
+            burst = list(pool.map(lambda t: _embed(server.grpc_url, t), texts))
+    assert "12 shapes warmed" in log.read_text()  # 3 widths x 4 row counts
+    for text, got in zip(texts, burst):
+        np.testing.assert_allclose(got, alone[text], atol=1e-5)
+
+
+def test_declared_shapes_must_end_with_the_limits(tiny_embedder_dir: Path, tmp_path: Path) -> None:
+    model = [{"model": str(tiny_embedder_dir), "task": "embed", "name": "m"}]
+    with pytest.raises(BuildError, match="--batch-widths must be positive and end with max-seq-len"):
+        build_repository(tmp_path / "r", model, **PYTHON_CPU, **TINY_LIMITS, batch_widths="16,32", batch_rows="8")
+    with pytest.raises(BuildError, match="together"):
+        build_repository(tmp_path / "r", model, **PYTHON_CPU, **TINY_LIMITS, batch_widths="16,64")
+
+
+def test_declared_shapes_default_on_gpu_only(tiny_embedder_dir: Path) -> None:
+    from builder.build import plan
+    from builder.settings import BuildRequest
+
+    def shapes(**options: object) -> tuple[list[int], list[int]]:
+        request = BuildRequest.model_validate({"model": str(tiny_embedder_dir), "task": "embed", "name": "m", **options})
+        settings = plan(request, []).settings
+        return settings.batch_widths, settings.batch_rows
+
+    widths, rows = shapes(runtime="python", device="gpu", max_batch_size=48)  # the tiny model's limit: 128
+    assert widths == [8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128] and rows == [1, 2, 4, 8, 16, 32, 48]
+    assert shapes(runtime="python", device="cpu") == ([], [])

@@ -21,7 +21,7 @@ def _settings(**overrides: object) -> ResolvedSettings:
         length_buckets=[16, 32, 64, 128, 256, 512], dynamic_batching=True, max_queue_delay_us=100,
         preferred_batch_sizes=[4, 8, 16, 32, 64], instances=2, tokenizer_instances=1, onnx_threads=0, opset=17,
         trt_opt_batch_size=8, trt_workspace_mib=4096, skip_parity=False, onnx_optimize=True, merge_buckets=False,
-        onnx_precision="fp16", max_batch_tokens=16384,
+        onnx_precision="fp16", max_batch_tokens=16384, batch_widths=[16, 300], batch_rows=[8, 64],
     )
     values.update(overrides)
     return ResolvedSettings.model_validate(values)

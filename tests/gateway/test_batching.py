@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.batching import PAD_RATIO_LIMIT, padded_width, plan_batches
+from contract.batching import PAD_RATIO_LIMIT, Shapes, default_rows, default_widths, plan_batches
 from contract.tokenization import EncodedTexts
 from gateway.api.errors import GatewayError
 from gateway.metrics import BatchMetrics
@@ -25,14 +25,14 @@ from gateway.service.scheduler import BatchPolicy, BatchScheduler
     lengths=st.lists(st.integers(1, 512), min_size=1, max_size=300),
     max_rows=st.integers(1, 64),
     max_tokens=st.integers(512, 20000),
-    pad_multiple=st.sampled_from([1, 8]),
+    declared=st.booleans(),
     call_cost=st.sampled_from([0, 64, 2048]),
 )
 def test_plan_covers_every_row_once_within_limits(
-    lengths: list[int], max_rows: int, max_tokens: int, pad_multiple: int, call_cost: int
+    lengths: list[int], max_rows: int, max_tokens: int, declared: bool, call_cost: int
 ) -> None:
-    plan = plan_batches(lengths, max_rows=max_rows, max_tokens=max_tokens, pad_multiple=pad_multiple,
-                        max_width=512, call_cost_tokens=call_cost)
+    shapes = Shapes(512, default_widths(512), default_rows(max_rows)) if declared else Shapes(512)
+    plan = plan_batches(lengths, shapes, max_rows=max_rows, max_tokens=max_tokens, call_cost_tokens=call_cost)
     seen = sorted(i for members, _ in plan for i in members)
     assert seen == list(range(len(lengths)))
     previous_max = 0
@@ -40,23 +40,38 @@ def test_plan_covers_every_row_once_within_limits(
         rows = [lengths[i] for i in members]
         assert rows == sorted(rows) and min(rows) >= previous_max  # batches follow length order
         previous_max = max(rows)
-        assert width == padded_width(max(rows), pad_multiple, 512) and width >= max(rows)
+        assert width == shapes.width(max(rows)) and width >= max(rows)
+        assert width in shapes.widths if declared else width == max(rows)
         assert len(members) <= max_rows and (len(members) == 1 or len(members) * width <= max_tokens)
         if len(members) > 1:
-            alone = sum(padded_width(n, pad_multiple, 512) for n in rows)
+            alone = sum(shapes.width(n) for n in rows)
             assert len(members) * width <= PAD_RATIO_LIMIT * alone + call_cost
+        take, run = shapes.fit_rows(len(members))
+        assert 1 <= take <= len(members) and run >= take and (not declared or run in shapes.rows)
+        assert run - take <= 0.25 * take
 
 
 def test_plan_keeps_short_and_long_texts_apart_but_merges_what_a_call_costs() -> None:
     short, long = [12, 9, 15, 11] * 4, [480, 500, 470]
     lengths = short + long
-    plan = plan_batches(lengths, max_rows=64, max_tokens=16384, pad_multiple=8, max_width=512, call_cost_tokens=2048)
+    shapes = Shapes(512, default_widths(512), default_rows(64))
+    plan = plan_batches(lengths, shapes, max_rows=64, max_tokens=16384, call_cost_tokens=2048)
     assert [sorted(lengths[i] for i in members) for members, _ in plan] == [sorted(short), sorted(long)]
-    assert [width for _, width in plan] == [16, 504]
-    # Four short rows padded to 472 cost less than a second model call (2048 tokens): one batch.
+    assert [width for _, width in plan] == [16, 512]
+    # Four short rows padded to 512 cost less than a second model call (2048 tokens): one batch.
     few = [12, 9, 15, 11, 470]
-    plan = plan_batches(few, max_rows=64, max_tokens=16384, pad_multiple=8, max_width=512, call_cost_tokens=2048)
-    assert len(plan) == 1 and plan[0][1] == 472
+    plan = plan_batches(few, shapes, max_rows=64, max_tokens=16384, call_cost_tokens=2048)
+    assert len(plan) == 1 and plan[0][1] == 512
+
+
+def test_declared_shapes() -> None:
+    shapes = Shapes(300, default_widths(300), default_rows(48))
+    assert shapes.widths[-1] == 300 and shapes.rows == (1, 2, 4, 8, 16, 32, 48)
+    assert [shapes.width(n) for n in (1, 8, 9, 65, 257, 300, 999)] == [8, 8, 16, 80, 300, 300, 300]
+    # 7 rows: one dummy row to 8 (14%); 5 rows: 8 would be 60% dummies, so 4 go and 1 waits.
+    assert shapes.fit_rows(7) == (7, 8) and shapes.fit_rows(5) == (4, 4) and shapes.fit_rows(48) == (48, 48)
+    assert (1, 8) in shapes.warm_shapes(16384) and (48, 300) not in shapes.warm_shapes(8192)
+    assert Shapes(64).fit_rows(5) == (5, 5) and Shapes(64).width(17) == 17
 
 
 def encoded(*lengths: int) -> EncodedTexts:
@@ -64,9 +79,9 @@ def encoded(*lengths: int) -> EncodedTexts:
     return EncodedTexts(ids, None, np.array(lengths, dtype=np.int32))
 
 
-def policy(**overrides: int) -> BatchPolicy:
-    values = {"max_rows": 64, "max_tokens": 4096, "max_in_flight": 1, "pad_multiple": 8, "call_cost_tokens": 0,
-              "max_width": 128, "pad_id": 0}
+def policy(**overrides: object) -> BatchPolicy:
+    values: dict[str, object] = {"max_rows": 64, "max_tokens": 4096, "max_in_flight": 1, "call_cost_tokens": 0,
+                                 "shapes": Shapes(128, tuple(range(8, 129, 8))), "pad_id": 0}
     values.update(overrides)
     return BatchPolicy(**values)  # type: ignore[arg-type]
 
@@ -126,3 +141,23 @@ async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the
     assert all(r[:, 1].tolist() == [5] for r in results)
     assert sum(len(b) for b in step.batches) == 1 + 3  # the cancelled caller's rows never ran
     assert scheduler.queued == 0
+
+
+@pytest.mark.anyio
+async def test_batches_keep_to_declared_shapes() -> None:
+    step = StepDouble()
+    step.gate.clear()
+    shapes = Shapes(128, (16, 32, 64, 128), (1, 2, 4, 8))
+    scheduler = BatchScheduler("m", 2, policy(shapes=shapes, max_rows=8), step, BatchMetrics("unit"))
+    first = asyncio.create_task(scheduler.submit(encoded(5)))
+    await asyncio.sleep(0)
+    five = [asyncio.create_task(scheduler.submit(encoded(3 + i))) for i in range(5)]  # 5 rows: 4 go, then 1
+    await asyncio.sleep(0)
+    step.gate.set()
+    assert (await first)[:, 1].tolist() == [5]
+    assert [(await t)[:, 1].tolist() for t in five] == [[3], [4], [5], [6], [7]]
+    assert [b.shape for b in step.batches] == [(1, 16), (4, 16), (1, 16)]
+    assert step.batches[1][:, 0].tolist() == [1, 1, 1, 1]  # the four oldest, each its own real row
+    step.batches.clear()
+    seven = await scheduler.submit(encoded(*range(20, 27)))  # 7 rows: one dummy row makes 8
+    assert seven[:, 1].tolist() == list(range(20, 27)) and [b.shape for b in step.batches] == [(8, 32)]

@@ -58,6 +58,7 @@ def test_gateway_serves_with_the_nodelay_protocol(monkeypatch: pytest.MonkeyPatc
 
     seen: dict[str, object] = {}
     monkeypatch.setattr(entry.uvicorn, "run", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr(entry, "prepare_metrics_dir", lambda settings: None)  # keeps this process's metrics mode
     monkeypatch.setenv("GATEWAY_WORKERS", "2")
     entry.main()
     assert seen["http"] == "gateway.http_protocol:NoDelayHttpToolsProtocol" and seen["workers"] == 2
