@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from contract.batching import padded_width
+from contract.batching import Shapes, default_widths
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import STUB_PYTHON_ENV, REPO_ROOT, TritonServer, free_port
 from loadtest.corpus import CorpusSpec, make_corpus
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = make_bert(work / "model", "embed", args.shape)
     corpus = make_corpus(CorpusSpec(size=args.corpus_size))
     lengths = token_lengths(model_dir, [*corpus, SHORT_TEXT])
-    tokens_per_text, short_width = sum(lengths[:-1]) / len(corpus), padded_width(lengths[-1], 8, 512)
+    tokens_per_text, short_width = sum(lengths[:-1]) / len(corpus), Shapes(512, default_widths(512)).width(lengths[-1])
     machine = describe_machine()
     steps: list[StepResult] = []
     notes: list[str] = []
