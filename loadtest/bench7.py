@@ -68,7 +68,23 @@ def scheduler_counters(url: str) -> dict[str, float]:
         "computed": metric_sum(url, "gateway_scheduled_tokens_total", kind="computed"),
         "batches": metric_sum(url, "gateway_batch_size_count"),
         "texts": metric_sum(url, "gateway_batch_size_sum"),
+        "triton_s": metric_sum(url, "gateway_triton_request_duration_seconds_sum"),
+        "triton_calls": metric_sum(url, "gateway_triton_request_duration_seconds_count"),
     }
+
+
+def step_stats(grpc_url: str, model: str) -> dict[str, float]:
+    """Triton's cumulative statistics of one model: executions, and queue / compute ns summed over requests."""
+    import tritonclient.grpc as grpcclient
+
+    stats = grpcclient.InferenceServerClient(grpc_url).get_inference_statistics(model, as_json=True)
+    entry = stats["model_stats"][0]
+    inference = entry["inference_stats"]
+    out = {"executions": float(entry.get("execution_count", 0)),
+           "requests": float(inference.get("success", {}).get("count", 0))}
+    for key in ("queue", "compute_input", "compute_infer", "compute_output"):  # zero fields are left out
+        out[key] = float(inference.get(key, {}).get("ns", 0))
+    return out
 
 
 def token_lengths(model_dir: Path, texts: list[str]) -> list[int]:
@@ -159,13 +175,15 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
     `profile` = (gateway pid, output file): py-spy one worker during the c=256 step."""
     spec = GatewaySpec(url=url, endpoint=endpoint, model=model, timeout_s=60)  # type: ignore[arg-type]
     steps, batching = [], {}
+    wanted = set(only or args.steps or [n for n, *_ in STEPS])
     for name, concurrency, batch, short in STEPS:
-        if only and name not in only:
+        if name not in wanted:
             continue
         texts = [SHORT_TEXT] if short else corpus
         settings = StepSettings(concurrency=concurrency, batch=batch, duration_s=args.duration, warmup_s=args.warmup,
                                 procs=1 if concurrency == 1 else min(args.procs, concurrency))
         before = scheduler_counters(url) if scheduler else {}
+        triton_before = step_stats(args.triton_grpc, "bench_onnx") if scheduler and args.triton_grpc else {}
         spy = None
         if profile and name == "single text c=256":
             spy = profile_busiest_child(profile[0], 2.0 + args.warmup + 1.0, max(args.duration - 3, 2), profile[1])
@@ -179,7 +197,18 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
                 "padding_ratio": delta["computed"] / delta["real"] if delta["real"] else float("nan"),
                 "mean_batch_texts": delta["texts"] / delta["batches"] if delta["batches"] else float("nan"),
                 "batches": delta["batches"],
+                "gateway_to_triton_ms": 1e3 * delta["triton_s"] / delta["triton_calls"] if delta["triton_calls"] else 0.0,
             }
+            if triton_before:
+                after_t = step_stats(args.triton_grpc, "bench_onnx")
+                d = {k: after_t[k] - triton_before[k] for k in after_t}
+                requests = d["requests"] or 1.0
+                batching[result.label].update({
+                    "triton_executions": d["executions"],
+                    "triton_queue_ms_per_request": d["queue"] / requests / 1e6,
+                    "triton_compute_ms_per_request": (d["compute_input"] + d["compute_infer"] + d["compute_output"])
+                    / requests / 1e6,
+                })
         print(f"  {result.label:<42} {result.items_per_s:9.0f} texts/s  p50 {result.latency_ms.p50:8.2f} ms  "
               f"p99 {result.latency_ms.p99:8.2f} ms  errors {result.errors}  {batching.get(result.label, '')}",
               file=sys.stderr, flush=True)
@@ -264,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="base")
     p.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     p.add_argument("--parts", default="peers,scheduler,ensemble,infinity")
+    p.add_argument("--steps", default="", help="comma list of step names (default: all): " + ", ".join(n for n, *_ in STEPS))
     p.add_argument("--repository", type=Path, help="a built repository (default: build --shape with the builder)")
     p.add_argument("--builder-arg", action="append", default=[])
     p.add_argument("--max-batch-size", type=int, default=256)
@@ -281,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
+    args.steps = [x.strip() for x in args.steps.split(",") if x.strip()]
     parts = set(args.parts.split(","))
     work = args.work or Path(tempfile.mkdtemp(prefix="bench7-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -301,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     batching: dict[str, dict[str, float]] = {}
     alone = step_alone_ms(repo, width=short_width)
     gateway_settings = dict(kv.split("=", 1) for kv in args.gateway_setting)
+    args.triton_grpc = ""
     with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
+        args.triton_grpc = triton.grpc_url
         for pipeline in ("scheduler", "ensemble"):
             if pipeline not in parts:
                 continue
