@@ -222,9 +222,9 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
     if not python:
         return [], ["infinity-emb: not run ($INFINITY_PYTHON not set)"]
     port = free_port()
-    cmd = [python, "-m", "infinity_emb.infinity_server", "v2", "--model-id", str(model_dir), "--served-model-name",
-           "bench", "--engine", "torch", "--dtype", "float16", "--batch-size", str(args.infinity_batch_size),
-           "--port", str(port), "--url-prefix", "/v1", "--no-model-warmup"]
+    cmd = [python, "-m", "infinity_emb.cli", "v2", "--model-id", str(model_dir), "--served-model-name", "bench",
+           "--engine", "torch", "--device", args.infinity_device, "--dtype", "float16" if args.infinity_device == "cuda" else "float32", "--batch-size", str(args.infinity_batch_size),
+           "--port", str(port), "--url-prefix", "/v1", "--no-bettertransformer", "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own environment, not the gateway's wheels
     env.update({"INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"})
     with open(log, "wb") as out:
@@ -246,10 +246,12 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
                               only=("single text c=64", "single text c=256", "32 texts c=16"))
         version = subprocess.run([python, "-c", "import infinity_emb; print(infinity_emb.__version__)"],
                                  capture_output=True, text=True, check=False, env=env).stdout.strip()
-        return steps, [f"infinity-emb {version}: engine torch, fp16, batch size {args.infinity_batch_size}"]
+        return steps, [f"infinity-emb {version}: engine torch on {args.infinity_device}, batch size "
+                       f"{args.infinity_batch_size}, single-text OpenAI /v1/embeddings requests"]
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
 
 
 def save_diagnostics(work: Path, tag: str, gateway_url: str, triton: TritonServer) -> None:
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repository", type=Path, help="a built repository (default: build --shape with the builder)")
     p.add_argument("--builder-arg", action="append", default=[])
     p.add_argument("--max-batch-size", type=int, default=256)
-    p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--instances", type=int, default=4, help="model-step instances (4 measured best, h100-7-tuning)")
     p.add_argument("--tokenizer-instances", type=int, default=4)
     p.add_argument("--workers", type=int, default=4, help="gateway workers")
     p.add_argument("--gateway-setting", action="append", default=[], help="extra GATEWAY_* setting, k=v")
@@ -307,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--peer-repeats", type=int, default=3)
     p.add_argument("--infinity-batch-size", type=int, default=128)
+    p.add_argument("--infinity-device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--profile", action="store_true", help="py-spy one gateway worker during the c=256 steps")
     p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
@@ -328,27 +331,30 @@ def main(argv: list[str] | None = None) -> int:
     if "peers" in parts:
         peer, peers = peer_steps(model_dir, args, len(corpus))
         steps += peer
-    repo = args.repository or build(model_dir, work / "repository", args)
     batching: dict[str, dict[str, float]] = {}
-    alone = step_alone_ms(repo, width=short_width)
+    alone: dict[str, object] = {"median_ms": float("nan"), "providers": []}
     gateway_settings = dict(kv.split("=", 1) for kv in args.gateway_setting)
     args.triton_grpc = ""
-    with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
-        args.triton_grpc = triton.grpc_url
-        for pipeline in ("scheduler", "ensemble"):
-            if pipeline not in parts:
-                continue
-            settings = {"workers": str(args.workers), "pipeline": pipeline, "repository": str(repo),
-                        "log_level": "warning", **gateway_settings}
-            with GatewayProcess(triton.grpc_url, settings=settings, log_path=work / f"gateway-{pipeline}.log") as gw:
-                time.sleep(1.0 + 0.3 * args.workers)  # every worker up and discovered
-                assert gw.process is not None
-                profile = (gw.process.pid, work / f"profile-gateway-{pipeline}.txt") if args.profile else None
-                result, counters = http_steps(f"stack {pipeline}", gw.url, "bench", "embed", corpus, args,
-                                              scheduler=pipeline == "scheduler", profile=profile)
-                steps += result
-                batching.update(counters)
-                save_diagnostics(work, pipeline, gw.url, triton)
+    if parts & {"scheduler", "ensemble"}:
+        repo = args.repository or build(model_dir, work / "repository", args)
+        alone = step_alone_ms(repo, width=short_width)
+        with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
+            args.triton_grpc = triton.grpc_url
+            for pipeline in ("scheduler", "ensemble"):
+                if pipeline not in parts:
+                    continue
+                settings = {"workers": str(args.workers), "pipeline": pipeline, "repository": str(repo),
+                            "log_level": "warning", **gateway_settings}
+                with GatewayProcess(triton.grpc_url, settings=settings,
+                                    log_path=work / f"gateway-{pipeline}.log") as gw:
+                    time.sleep(1.0 + 0.3 * args.workers)  # every worker up and discovered
+                    assert gw.process is not None
+                    profile = (gw.process.pid, work / f"profile-gateway-{pipeline}.txt") if args.profile else None
+                    result, counters = http_steps(f"stack {pipeline}", gw.url, "bench", "embed", corpus, args,
+                                                  scheduler=pipeline == "scheduler", profile=profile)
+                    steps += result
+                    batching.update(counters)
+                    save_diagnostics(work, pipeline, gw.url, triton)
     if "infinity" in parts:
         inf, inf_notes = run_infinity(model_dir, corpus, args, work / "infinity.log")
         steps += inf
