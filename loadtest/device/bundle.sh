@@ -4,7 +4,8 @@
 #   .gpu/a  onnxruntime-gpu 1.31.1 (CUDA provider pruned to sm_90) + pydantic   call 1: model_step
 #   .gpu/b  tritonserver (PyPI wheel binary) + gateway/builder/loadtest wheels  call 2: bench7
 #           + numpy 1.26.4 for the python-backend stub
-#   .gpu/c  infinity-emb 0.0.78 and the versions it pins                        call 3: infinity-emb
+#   .gpu/c  infinity-emb 0.0.78, the versions it pins, its server's packages    call 3: infinity-emb
+#           and numpy 1.26.4 (a call of its own: it needs nothing of a or b)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${GPU_BUNDLE:-.gpu}
@@ -39,5 +40,7 @@ fi
 # sentence-transformers<4, typer<0.13, rich<14, click<8.2, uvicorn<0.33: its own environment there.
 download "$out/c/whl" infinity-emb==0.0.78 sentence-transformers==3.4.1 transformers==4.57.6 tokenizers==0.22.1 \
   huggingface-hub==0.36.0 typer==0.12.5 click==8.1.8 rich==13.9.4 posthog==7.91.1 backoff==2.2.1 distro==1.9.0 \
-  prometheus-fastapi-instrumentator==8.1.0 uvicorn==0.32.1
+  prometheus-fastapi-instrumentator==8.1.0 uvicorn==0.32.1 numpy==1.26.4 fastapi==0.165.0 starlette==1.10.0 \
+  pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.7.0 typing-inspection==0.4.5 orjson==3.13.0 \
+  opentelemetry-api==1.45.2 httptools==0.9.0
 du -sh "$out"/a "$out"/b "$out"/c

@@ -32,7 +32,7 @@ for part in a b; do
     install /tmp/site $(ls "$root/$part"/whl/*.whl | grep -v -e /numpy- -e /py_spy-)
   fi
 done
-numpy1=$(ls "$root"/b/whl/numpy-1.*.whl 2>/dev/null | head -1 || true)
+numpy1=$(ls "$root"/*/whl/numpy-1.*.whl 2>/dev/null | head -1 || true)
 if [ -f "$root/b/tritonserver.tar.xz" ] && [ ! -x /tmp/ts/pytriton/tritonserver/bin/tritonserver ]; then
   mkdir -p /tmp/ts && xz -T0 -dc "$root/b/tritonserver.tar.xz" | tar -C /tmp/ts -x
   cp /tmp/ts/pytriton/tritonserver/python_backend_stubs/$pyver/triton_python_backend_stub \
@@ -45,8 +45,7 @@ if [ -n "$numpy1" ] && [ -d /tmp/ortgpu/onnxruntime ] && [ ! -d /tmp/stubenv/lib
 fi
 if ls "$root"/c/whl/*.whl >/dev/null 2>&1 && [ -n "$numpy1" ] && [ ! -d /tmp/infenv/lib ]; then
   inf_site=$(venv /tmp/infenv)
-  install "$inf_site" "$numpy1" "$root"/c/whl/*.whl $(ls "$root"/b/whl/*.whl | grep -v -e /numpy- -e /uvicorn- -e /py_spy-) \
-    "$root"/a/whl/*.whl
+  install "$inf_site" $(ls "$root"/*/whl/*.whl | grep -v -e /py_spy- -e /uvicorn-0.5 | sort -u -t/ -k4,4)
 fi
 if ls "$root"/b/whl/py_spy-*.whl >/dev/null 2>&1 && [ ! -x /tmp/pyspy/bin/py-spy ]; then
   install /tmp/pyspy "$root"/b/whl/py_spy-*.whl

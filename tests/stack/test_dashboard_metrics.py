@@ -1,5 +1,5 @@
 """Every metric the Grafana dashboard queries is really exported: by the gateway (served
-in-process against a real tritonserver) and by that tritonserver (the builder's tiny
+in-process against a real tritonserver, scheduler pipeline) and by that tritonserver (the builder's tiny
 `--runtime python` repository), after real /classify, /embed and error traffic.
 
 The CPU tritonserver here exports the nv_inference_* family but no nv_gpu_* metrics (those come
@@ -36,8 +36,9 @@ def sample_names(exposition: str) -> set[str]:
     return {line.split("{", 1)[0].split(" ", 1)[0] for line in exposition.splitlines() if line and not line.startswith("#")}
 
 
-async def gateway_exposition_after_traffic(triton_url: str) -> str:
-    app = create_app(GatewaySettings(triton_url=triton_url))
+async def gateway_exposition_after_traffic(triton_url: str, repository: Path) -> str:
+    """The scheduler pipeline (it exports the batching metrics too), after real traffic."""
+    app = create_app(GatewaySettings(triton_url=triton_url, repository=str(repository)))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=60) as client:
@@ -52,8 +53,8 @@ async def gateway_exposition_after_traffic(triton_url: str) -> str:
             return metrics.text
 
 
-def test_dashboard_metrics_are_exported(triton_server: TritonServer) -> None:
-    gateway = sample_names(asyncio.run(gateway_exposition_after_traffic(triton_server.grpc_url)))
+def test_dashboard_metrics_are_exported(triton_server: TritonServer, python_repository: Path) -> None:
+    gateway = sample_names(asyncio.run(gateway_exposition_after_traffic(triton_server.grpc_url, python_repository)))
     with urllib.request.urlopen(triton_server.metrics_url, timeout=10) as response:
         triton = sample_names(response.read().decode())
 
