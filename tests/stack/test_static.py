@@ -80,6 +80,11 @@ def test_gpu_stack_config(env_file: Path) -> None:
     assert services["triton"]["shm_size"] and services["gateway"]["healthcheck"]["test"]
     volumes = {v["target"]: v for v in services["triton"]["volumes"]}
     assert volumes["/model_repository"]["source"] == "model_repository" and volumes["/model_repository"]["read_only"]
+    # the gateway reads the same repository (tokenizer.json for the scheduler pipeline), read-only
+    gateway_volumes = {v["target"]: v for v in services["gateway"]["volumes"]}
+    assert gateway_volumes["/model_repository"]["source"] == "model_repository"
+    assert gateway_volumes["/model_repository"]["read_only"]
+    assert services["gateway"]["environment"]["GATEWAY_REPOSITORY"] == "/model_repository/models"
     assert "--model-repository=/model_repository/models" in services["triton"]["command"]
     assert {v["target"] for v in services["builder"]["volumes"]} >= {"/model_repository", "/cache/huggingface", "/cache/tensorrt"}
     builder_cmd = (REPO_ROOT / "docker/builder/Dockerfile").read_text()
