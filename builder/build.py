@@ -104,7 +104,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     else:
         pooling = request.pooling or cast(Pooling | None, sentence_transformers_pooling(source.path)) or "mean"
     # Measured (docs/benchmarks.md, 3m): on a GPU one merged batch beats per-bucket batches (1.7-1.8x);
-    # on a CPU the extra padding costs more than batching saves (0.4-0.6x).
+    # on a CPU it lost (0.4-0.6x) when the runner still padded merged batches to the widest request.
     merge_buckets = request.merge_buckets
     if merge_buckets is None:
         merge_buckets = request.runtime == "python" and request.device == "gpu"

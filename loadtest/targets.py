@@ -7,7 +7,7 @@ may be in flight at once) and then called with `(slot, texts)`; a call raises on
 from __future__ import annotations
 
 import uuid
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import orjson
@@ -89,28 +89,18 @@ class GatewayTarget:
             await self.session.close()  # type: ignore[attr-defined]
 
 
-class _ShmSlot:
-    """One in-flight request's input and output regions, registered with Triton once."""
-
-    def __init__(self, prefix: str, in_bytes: int, out_bytes: dict[str, int]) -> None:
-        import tritonclient.utils.shared_memory as shm
-
-        self.regions: dict[str, tuple[object, int]] = {}
-        for name, size in {"input": in_bytes, **out_bytes}.items():
-            region = f"{prefix}_{name}"
-            handle = shm.create_shared_memory_region(region, f"/{region}", size)
-            self.regions[name] = (handle, size)
-
-
 class TritonTarget:
-    """tritonclient.grpc.aio infer on `spec.model`; text input as BYTES [batch, 1]."""
+    """tritonclient.grpc.aio infer on `spec.model`; text input as BYTES [batch, 1].
+
+    With `spec.shm`, each slot owns one system shared-memory region laid out like the gateway's
+    (gateway.triton.shm_pool: the input, then every output), registered with Triton once.
+    """
 
     def __init__(self, spec: TritonSpec) -> None:
         self.spec = spec
-        self.client: object | None = None
+        self.client: Any = None
         self.outputs: dict[str, tuple[int, np.dtype]] = {}  # name -> (bytes per item, dtype)
-        self.slots: list[_ShmSlot] = []
-        self.max_text_bytes = 0
+        self.slots: list[Any] = []  # gateway.triton.shm_pool.Region, one per slot
 
     async def open(self, slots: int, max_batch: int) -> None:
         import tritonclient.grpc.aio as grpcclient
@@ -126,18 +116,18 @@ class TritonTarget:
             await self._register(slots, max_batch)
 
     async def _register(self, slots: int, max_batch: int) -> None:
-        prefix = f"lt_{uuid.uuid4().hex[:8]}"
-        in_bytes = max_batch * 4096  # 4 KiB of UTF-8 per text on average; bigger requests go in-band
-        for i in range(slots):
-            out_bytes = {name: max_batch * per for name, (per, _) in self.outputs.items()}
-            slot = _ShmSlot(f"{prefix}_{i}", in_bytes, out_bytes)
-            for name, (handle, size) in slot.regions.items():
-                region = f"{prefix}_{i}_{name}"
-                await self.client.register_system_shared_memory(region, f"/{region}", size)  # type: ignore[attr-defined]
-            self.slots.append(slot)
-        self.prefix = prefix
+        from gateway.triton.shm_pool import Region, RegionLayout
 
-    def _inputs(self, slot: int, texts: list[str]) -> tuple[list[object], list[object]]:
+        prefix = f"lt_{uuid.uuid4().hex[:8]}"
+        sizes = {self.spec.input: max_batch * 4096}  # 4 KiB of UTF-8 per text on average; bigger go in-band
+        sizes.update({name: max_batch * per for name, (per, _) in self.outputs.items()})
+        layout = RegionLayout.of(sizes)
+        for _ in range(slots):
+            region = Region(prefix, layout)
+            self.slots.append(region)
+            await self.client.register_system_shared_memory(region.name, region.key, layout.byte_size)
+
+    def _inputs(self, slot: int, texts: list[str]) -> tuple[list[Any], list[Any]]:
         import tritonclient.grpc.aio as grpcclient
         import tritonclient.utils as tu
 
@@ -147,33 +137,25 @@ class TritonTarget:
         if not self.spec.shm:
             inp.set_data_from_numpy(arr)
             return [inp], outs
-        import tritonclient.utils.shared_memory as shm
-
-        regions = self.slots[slot].regions
-        serialized = tu.serialize_byte_tensor(arr)
-        size = tu.serialized_byte_size(serialized)
-        handle, cap = regions["input"]
-        if size > cap:  # too big for the region: send this one in-band
+        region = self.slots[slot]
+        serialized = tu.serialize_byte_tensor(arr).item()
+        if len(serialized) > region.layout.size(self.spec.input):  # too big for the region: send it in-band
             inp.set_data_from_numpy(arr)
         else:
-            shm.set_shared_memory_region(handle, [serialized])
-            inp.set_shared_memory(f"{self.prefix}_{slot}_input", size)
+            size = region.write(self.spec.input, serialized)
+            inp.set_shared_memory(region.name, size, region.layout.offset(self.spec.input))
         for out in outs:
             per, _ = self.outputs[out.name()]
-            out.set_shared_memory(f"{self.prefix}_{slot}_{out.name()}", per * len(texts))
+            out.set_shared_memory(region.name, per * len(texts), region.layout.offset(out.name()))
         return [inp], outs
 
     async def call(self, slot: int, texts: list[str]) -> None:
         inputs, outputs = self._inputs(slot, texts)
-        result = await self.client.infer(  # type: ignore[attr-defined]
-            self.spec.model, inputs, outputs=outputs, client_timeout=self.spec.timeout_s
-        )
+        result = await self.client.infer(self.spec.model, inputs, outputs=outputs, client_timeout=self.spec.timeout_s)
         if self.spec.shm:
-            import tritonclient.utils.shared_memory as shm
-
+            region = self.slots[slot]
             for name, (per, dtype) in self.outputs.items():
-                handle, _ = self.slots[slot].regions[name]
-                shm.get_contents_as_numpy(handle, dtype, [len(texts), per // dtype.itemsize])
+                region.read(name, dtype, (len(texts), per // dtype.itemsize))
         else:
             for name in self.outputs:
                 result.as_numpy(name)
@@ -181,16 +163,12 @@ class TritonTarget:
     async def close(self) -> None:
         if self.client is None:
             return
-        if self.spec.shm:
-            import tritonclient.utils.shared_memory as shm
-
-            for i, slot in enumerate(self.slots):
-                for name, (handle, _) in slot.regions.items():
-                    try:
-                        await self.client.unregister_system_shared_memory(f"{self.prefix}_{i}_{name}")  # type: ignore[attr-defined]
-                    finally:
-                        shm.destroy_shared_memory_region(handle)
-        await self.client.close()  # type: ignore[attr-defined]
+        for region in self.slots:
+            try:
+                await self.client.unregister_system_shared_memory(region.name)
+            finally:
+                region.destroy()
+        await self.client.close()
 
 
 def make_target(spec: GatewaySpec | TritonSpec) -> Target:
