@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         f"model step alone, batch 1 x {short_width} tokens ('{SHORT_TEXT}', {lengths[-1]} tokens, as the gateway "
         f"pads it on a GPU): {alone['median_ms']:.2f} ms "
         f"({alone['providers']})",
-        f"peers (texts/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()),
+        "peers (texts/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()),
         f"gateway: {args.workers} workers, settings {gateway_settings or 'defaults'}; {args.procs} client processes; "
         f"repository: --max-batch-size {args.max_batch_size} --instances {args.instances} "
         f"--tokenizer-instances {args.tokenizer_instances} {' '.join(args.builder_arg)}",

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for name in chosen:
         setting = SETTINGS[name]
-        env = {**os.environ, **{k: str(v) for k, v in dict(setting.get("env", {})).items()}}  # type: ignore[arg-type]
+        extra: dict[str, str] = setting.get("env", {})  # type: ignore[assignment]
+        env = {**os.environ, **extra}
         print(f"{name:<40} {sweep(args.python, args.model, setting, env)}", flush=True)
     return 0
 

@@ -78,7 +78,8 @@ def export_variants(model_dir: Path, work: Path, float16: bool, builder_only: bo
         max_batch_size=128, device="gpu" if float16 else "cpu", runtime="python", pooling="mean", labels=None,
         length_buckets=[512], dynamic_batching=True, max_queue_delay_us=100, preferred_batch_sizes=[128], instances=1,
         tokenizer_instances=1, onnx_threads=0, opset=17, onnx_optimize=True,
-        onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=16384, merge_buckets=True,
+        onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=16384, batch_widths=[], batch_rows=[],
+        merge_buckets=True,
         trt_opt_batch_size=8, trt_workspace_mib=1024, skip_parity=True,
     )
     model = load_repository_model(model_dir, settings, attn_implementation="eager")

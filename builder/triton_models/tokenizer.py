@@ -12,7 +12,6 @@ import json
 import os
 import sys
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

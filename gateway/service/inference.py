@@ -27,7 +27,11 @@ from gateway.api.errors import InputTooLong
 from gateway.metrics import BatchMetrics
 from gateway.service.registry import Backend, Endpoint, ServedModel
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
-from gateway.service.tokenization import TokenizerQueue, TokenizerUnavailable, load_encoder
+from gateway.service.tokenization import (
+    TokenizerQueue,
+    TokenizerUnavailable,
+    load_encoder,
+)
 from gateway.settings import GatewaySettings
 from gateway.triton.client import Output, TritonClient
 

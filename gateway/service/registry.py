@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 import orjson
 from tritonclient.grpc import model_config_pb2
 
+from contract import (
+    API_BACKEND,
+    BACKEND_PREFERENCE,
+    TASKS,
+    ApiBackend,
+    Param,
+    Task,
+    output_name,
+)
 from contract.batching import parse_sizes
-from contract import API_BACKEND, BACKEND_PREFERENCE, TASKS, ApiBackend, Param, Task, output_name
 from gateway.api.errors import BadRequest, ModelNotFound
 
 log = logging.getLogger("gateway.registry")

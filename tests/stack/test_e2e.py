@@ -182,6 +182,10 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
         assert len(vector) == HIDDEN_SIZE and abs(sum(v * v for v in vector) - 1) < 1e-4
     assert body["embeddings"][0] != body["embeddings"][1]
 
+    # The gateway reads the repository volume (read-only): it tokenizes and batches itself.
+    status, body = http_json(stack.url("GATEWAY_PUBLISHED_PORT", "/v1/models"))
+    assert status == 200 and {m["id"]: m["pipeline"] for m in body["data"]} == {"tinycls": "scheduler",
+                                                                               "tinyemb": "scheduler"}, body
     # The gateway and Triton containers share /dev/shm (ipc: service:triton): calls went over shm.
     metrics = urllib.request.urlopen(stack.url("GATEWAY_PUBLISHED_PORT", "/metrics"), timeout=10).read().decode()
     shm_calls = [l for l in metrics.splitlines() if l.startswith("gateway_triton_request_duration_seconds_count") and 'transport="shm"' in l]
