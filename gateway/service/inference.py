@@ -145,22 +145,7 @@ class Inference:
                 log.warning("%s: the gateway cannot tokenize itself (%s); requests go to Triton's ensemble %s",
                             model.name, exc, endpoint.triton_model)
             return None
-        s = self.settings
-        device = "GPU" if endpoint.step_on_gpu else "CPU"
-        max_rows = min(s.max_batch_requests, endpoint.step_max_batch_size)
-        widths = endpoint.step_widths or (
-            tuple(sorted({*range(8, model.max_seq_len, 8), model.max_seq_len})) if endpoint.step_on_gpu else ())
-        rows = tuple(r for r in endpoint.step_rows if r <= max_rows)
-        if rows and rows[-1] != max_rows:  # GATEWAY_MAX_BATCH_REQUESTS below the step's largest: a declared count
-            max_rows = rows[-1]
-        policy = BatchPolicy(
-            max_rows=max_rows,
-            max_tokens=max(s.max_batch_tokens, model.max_seq_len),
-            max_in_flight=s.max_batches_in_flight,
-            shapes=Shapes(model.max_seq_len, widths, rows),
-            call_cost_tokens=_CALL_COST_TOKENS[device] if s.batch_call_cost_tokens is None else s.batch_call_cost_tokens,
-            pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0,
-        )
+        policy = self._policy(model, endpoint)
         output = Output(model.output_name, model.output_width, model.name)
         step = endpoint.step_model
 
@@ -171,12 +156,31 @@ class Inference:
             current.tokenizer.encoder, current.sha256 = encoder, sha
             return current
         metrics = BatchMetrics(model.name)
-        tokenizer = TokenizerQueue(encoder, s.tokenize_inline_chars)
+        tokenizer = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
         scheduler = BatchScheduler(step, model.output_width, policy, run_batch, metrics)
         pipeline = TokenPipeline(tokenizer, sha, scheduler, metrics)
         self.pipelines[step] = pipeline
-        log.info("%s: scheduler pipeline on %s (%s, %s)", model.name, step, policy, device)
+        log.info("%s: scheduler pipeline on %s (%s)", model.name, step, policy)
         return pipeline
+
+    def _policy(self, model: ServedModel, endpoint: Endpoint) -> BatchPolicy:
+        """How batches for this step are formed: the settings, within what the step declares."""
+        s = self.settings
+        max_rows = min(s.max_batch_requests, endpoint.step_max_batch_size)
+        widths = endpoint.step_widths or (
+            tuple(sorted({*range(8, model.max_seq_len, 8), model.max_seq_len})) if endpoint.step_on_gpu else ())
+        rows = tuple(r for r in endpoint.step_rows if r <= max_rows)
+        if rows and rows[-1] != max_rows:  # GATEWAY_MAX_BATCH_REQUESTS below the step's largest: a declared count
+            max_rows = rows[-1]
+        cost = s.batch_call_cost_tokens
+        return BatchPolicy(
+            max_rows=max_rows,
+            max_tokens=max(s.max_batch_tokens, model.max_seq_len),
+            max_in_flight=s.max_batches_in_flight,
+            shapes=Shapes(model.max_seq_len, widths, rows),
+            call_cost_tokens=_CALL_COST_TOKENS["GPU" if endpoint.step_on_gpu else "CPU"] if cost is None else cost,
+            pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0,
+        )
 
     async def _ensure_step_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
         policy = self.pipelines[endpoint.step_model].scheduler.policy
