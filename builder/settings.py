@@ -79,7 +79,7 @@ class BuildRequest(BaseModel):
         default=None,
         description="python runtime: let the dynamic batcher merge requests of different widths (ragged "
         "batching); the runner sorts the merged rows by length and pads each sub-batch to its own longest. "
-        "Default: on for --runtime python",
+        "Default: on for --runtime python --device gpu",
     )
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
     trt_workspace_mib: int = Field(default=4096, gt=0)
