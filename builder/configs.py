@@ -15,22 +15,20 @@ from contract import (
     NUM_TOKENS,
     TEXT,
     TOKEN_INPUTS,
+    REPO_BACKEND,
     Param,
-    RepoBackend,
     ensemble_model,
     step_model,
     tokenizer_model,
 )
-
-REPO_BACKENDS: dict[Format, RepoBackend] = {"onnx": "onnx", "trt": "trt_fp16"}
 
 
 def model_names(name: str, formats: Sequence[Format]) -> dict[str, str]:
     """Repository entry names: tokenizer, and step + ensemble per format ("onnx", "trt")."""
     names = {"tokenizer": tokenizer_model(name)}
     for fmt in formats:
-        names[fmt] = step_model(name, REPO_BACKENDS[fmt])
-        names[f"{fmt}_ensemble"] = ensemble_model(name, REPO_BACKENDS[fmt])
+        names[fmt] = step_model(name, REPO_BACKEND[fmt])
+        names[f"{fmt}_ensemble"] = ensemble_model(name, REPO_BACKEND[fmt])
     return names
 
 
@@ -136,7 +134,7 @@ def ensemble_config(settings: ResolvedSettings, fmt: str, width: int) -> mc.Mode
     params = {
         Param.TASK: settings.task,
         Param.MODEL_NAME: settings.name,
-        Param.BACKEND: REPO_BACKENDS[fmt],
+        Param.BACKEND: REPO_BACKEND[fmt],
         Param.MAX_SEQ_LEN: str(settings.max_seq_len),
         Param.SOURCE: settings.model,
     }

@@ -37,10 +37,6 @@ class EncodedTexts:
     def __len__(self) -> int:
         return len(self.ids)
 
-    @property
-    def lengths(self) -> list[int]:
-        return [len(i) for i in self.ids]
-
     def padded(self, width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """input_ids, attention_mask, token_type_ids as int32 [n, width], right-padded."""
         n = len(self.ids)
