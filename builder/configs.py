@@ -112,7 +112,7 @@ def trt_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
     return config
 
 
-def ensemble_config(settings: ResolvedSettings, fmt: str, width: int) -> mc.ModelConfig:
+def ensemble_config(settings: ResolvedSettings, fmt: Format, width: int) -> mc.ModelConfig:
     """text -> tokenizer -> step model, with the contract's parameters for the gateway."""
     names = model_names(settings.name, [fmt])
     output = settings.output_name
