@@ -62,6 +62,14 @@ class TokenPipeline:
     metrics: BatchMetrics
 
 
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8; lone surrogates (which JSON can carry) become U+FFFD, as the tokenizers do."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return clean_text(text).encode()
+
+
 def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -> int:
     """Billed tokens; 413 when `truncate` is off and a text is over the model's limit."""
     if not truncate:
@@ -102,7 +110,7 @@ class Inference:
         return BatchResult(outputs, encoded.num_tokens, tokens)
 
     async def _run_ensemble(self, model: ServedModel, endpoint: Endpoint, texts: list[str], truncate: bool) -> BatchResult:
-        encoded = [clean_text(t).encode() for t in texts]
+        encoded = [_utf8(t) for t in texts]
         size = endpoint.max_batch_size
         chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
         output = Output(model.output_name, model.output_width, model.name)

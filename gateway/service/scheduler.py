@@ -100,38 +100,38 @@ class BatchScheduler:
 
     def _dispatch(self) -> None:
         while self._in_flight < self.policy.max_in_flight and self._queue:
-            batch = self._next_batch()
+            batch, rows = self._next_batch()
             if not batch:
                 return
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch))
+            task = asyncio.get_running_loop().create_task(self._run(batch, rows))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _next_batch(self) -> list[_Row]:
-        """Take the batch that holds the oldest row out of the queue."""
+    def _next_batch(self) -> tuple[list[_Row], int]:
+        """Take the batch that holds the oldest row out of the queue (rows in queue order, so the oldest
+        first), and the row count it runs with (a declared one: dummy rows fill the rest)."""
         queue = [row for row in self._queue if not row.caller.future.done()]
         if len(queue) < len(self._queue):
             self._metrics.queued(len(queue) - len(self._queue))
         if not queue:
             self._queue = []
-            return []
+            return [], 0
         p = self.policy
         plan = plan_batches([row.length for row in queue], p.shapes, max_rows=p.max_rows, max_tokens=p.max_tokens,
                             call_cost_tokens=p.call_cost_tokens)
         members = next(indices for indices, _ in plan if 0 in indices) if len(plan) > 1 else plan[0][0]
-        take, _ = p.shapes.fit_rows(len(members))
+        take, rows = p.shapes.fit_rows(len(members))
         members = sorted(members)[:take]  # a declared row count: the oldest rows go, the others wait
         chosen = set(members)
         self._queue = [row for i, row in enumerate(queue) if i not in chosen]
         self._metrics.queued(-len(members))
-        return [queue[i] for i in members]
+        return [queue[i] for i in members], rows
 
-    def _tensors(self, batch: list[_Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _tensors(self, batch: list[_Row], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """input_ids, attention_mask, token_type_ids of a batch, in a declared shape: dummy rows (one
         unmasked pad token each, outputs dropped) bring it to a declared row count."""
         p = self.policy
-        _, rows = p.shapes.fit_rows(len(batch))
         lengths = np.zeros(rows, dtype=np.int64)
         lengths[: len(batch)] = [row.length for row in batch]
         width = p.shapes.width(int(lengths.max()))
@@ -147,11 +147,11 @@ class BatchScheduler:
         mask[len(batch):, 0] = 1
         return ids, mask, types
 
-    async def _run(self, batch: list[_Row]) -> None:
+    async def _run(self, batch: list[_Row], rows: int) -> None:
         try:
-            ids, mask, types = self._tensors(batch)
+            ids, mask, types = self._tensors(batch, rows)
             self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=sum(row.length for row in batch),
-                                  waited=time.perf_counter() - min(row.since for row in batch))
+                                  waited=time.perf_counter() - batch[0].since)
             outputs = await self._run_batch(ids, mask, types)
             for row, output in zip(batch, outputs):
                 caller = row.caller

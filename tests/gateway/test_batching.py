@@ -104,11 +104,16 @@ class StepDouble:
         return np.stack([ids[:, 0], mask.sum(1)], axis=1).astype(np.float32)
 
 
-@pytest.mark.anyio
-async def test_rows_come_back_to_their_callers_in_order() -> None:
+def held_scheduler(**overrides: object) -> tuple[StepDouble, BatchScheduler]:
+    """A scheduler (one batch in flight) whose model step holds every batch until `step.gate` is set."""
     step = StepDouble()
     step.gate.clear()
-    scheduler = BatchScheduler("m", 2, policy(), step, BatchMetrics("unit"))
+    return step, BatchScheduler("m", 2, policy(**overrides), step, BatchMetrics("unit"))
+
+
+@pytest.mark.anyio
+async def test_rows_come_back_to_their_callers_in_order() -> None:
+    step, scheduler = held_scheduler()
     first = asyncio.create_task(scheduler.submit(encoded(5)))
     await asyncio.sleep(0)
     rest = [asyncio.create_task(scheduler.submit(encoded(*lengths))) for lengths in ([90, 3], [7], [100, 4, 60])]
@@ -124,9 +129,7 @@ async def test_rows_come_back_to_their_callers_in_order() -> None:
 
 @pytest.mark.anyio
 async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the_batch() -> None:
-    step = StepDouble()
-    step.gate.clear()
-    scheduler = BatchScheduler("m", 2, policy(), step, BatchMetrics("unit"))
+    step, scheduler = held_scheduler()
     running = asyncio.create_task(scheduler.submit(encoded(4)))
     await asyncio.sleep(0)
     gone = asyncio.create_task(scheduler.submit(encoded(6, 6)))
@@ -145,10 +148,7 @@ async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the
 
 @pytest.mark.anyio
 async def test_batches_keep_to_declared_shapes() -> None:
-    step = StepDouble()
-    step.gate.clear()
-    shapes = Shapes(128, (16, 32, 64, 128), (1, 2, 4, 8))
-    scheduler = BatchScheduler("m", 2, policy(shapes=shapes, max_rows=8), step, BatchMetrics("unit"))
+    step, scheduler = held_scheduler(shapes=Shapes(128, (16, 32, 64, 128), (1, 2, 4, 8)), max_rows=8)
     first = asyncio.create_task(scheduler.submit(encoded(5)))
     await asyncio.sleep(0)
     five = [asyncio.create_task(scheduler.submit(encoded(3 + i))) for i in range(5)]  # 5 rows: 4 go, then 1
