@@ -12,7 +12,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 class GatewaySettings(BaseSettings):
     """Every knob of the gateway. `GATEWAY_API_KEYS` is a comma-separated list."""
 
-    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore")
+    # env_ignore_empty: compose passes every setting as `${GATEWAY_X:-}`; an empty one means "the default".
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore", env_ignore_empty=True)
 
     triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
     shm: Literal["system", "none"] = Field(
