@@ -2,18 +2,24 @@
 
 Build the repository with the builder's `--runtime python`, then e.g.
     PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m devstack --repository /tmp/repo --port 8080
-and call http://127.0.0.1:8080/classify. Ctrl-C stops both. Any GATEWAY_* variable in the
-environment (see .env.example) configures the gateway; the flags below override them.
+and call http://127.0.0.1:8080/classify. Ctrl-C, SIGTERM or SIGHUP (terminal closed) stop both.
+When one of the two exits by itself, devstack says which on stderr, stops the other and exits 1.
+Any GATEWAY_* variable in the environment (see .env.example) configures the gateway; the flags
+below override them.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from pathlib import Path
 
 from devstack.stack import LocalStack
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+POLL_S = 0.2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,20 +32,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT, SIGTERM or SIGHUP (handled alike: the stack is stopped)."""
+    stop = threading.Event()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def serve(stack: LocalStack, stop: threading.Event) -> int:
+    """Wait for a stop signal (0) or for a child to exit by itself (1, said on stderr)."""
+    while not stop.wait(POLL_S):
+        if exited := stack.exited():
+            print(f"devstack: {exited}; stopping the stack", file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = {k: str(v) for k, v in (("workers", args.workers), ("shm", args.shm)) if v is not None}
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = stop_on_signals()  # before the children start: a signal during start-up stops them too
     with LocalStack(args.repository.resolve(), gateway_port=args.port, gateway_settings=settings, log_dir=args.log_dir) as stack:
         assert stack.triton and stack.gateway
         print(f"triton  grpc {stack.triton.grpc_url}  http {stack.triton.http_url}  metrics {stack.triton.metrics_url}")
         print(f"gateway {stack.gateway.url}  (docs {stack.gateway.url}/docs)  logs in {args.log_dir}", flush=True)
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        return serve(stack, stop)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

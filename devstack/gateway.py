@@ -12,13 +12,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
-from devstack.tritonserver import REPO_ROOT, free_port
+from devstack.tritonserver import REPO_ROOT, free_port, kill_group
 
 
 @dataclass
 class GatewayProcess:
-    """`python -m gateway` talking to `triton_url`; `settings` are extra GATEWAY_* values (no prefix)."""
+    """`python -m gateway` talking to `triton_url`; `settings` are extra GATEWAY_* values (no prefix).
+
+    GATEWAY_* variables of this environment pass through; `settings` override them.
+    """
 
     triton_url: str
     port: int = field(default_factory=free_port)
@@ -26,33 +30,38 @@ class GatewayProcess:
     log_path: Path | None = None
     startup_timeout_s: float = 60.0
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _cleaned_up: bool = field(default=False, init=False, repr=False)  # of this `process`
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        """This environment (GATEWAY_* included), then Triton's url and the listen address, then
+        `settings`: each overrides the ones before."""
+        env = dict(os.environ)
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         env.update({"GATEWAY_TRITON_URL": self.triton_url, "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(self.port)})
         env.update({f"GATEWAY_{k.upper()}": str(v) for k, v in self.settings.items()})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def start(self) -> "GatewayProcess":
+    def start(self) -> Self:
         """Start the process and wait until /healthz answers."""
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway"],
-            cwd=REPO_ROOT,
-            env=self.environment(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(self.log_path or os.devnull, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway"],
+                cwd=REPO_ROOT,
+                env=self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: uvicorn and its workers
+            )
+        self._cleaned_up = False
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"gateway exited with {self.process.returncode}; log: {self.log_path}")
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
@@ -64,7 +73,10 @@ class GatewayProcess:
         raise TimeoutError(f"gateway not up after {self.startup_timeout_s}s; log: {self.log_path}")
 
     def stop(self) -> int | None:
-        """Graceful stop (SIGTERM to the uvicorn parent, which stops its workers); returns the exit code."""
+        """Graceful stop (SIGTERM to the uvicorn parent, which stops its workers); returns the exit code.
+
+        Workers left behind (the parent was SIGKILLed) are killed with the rest of its process group.
+        """
         if self.process is None:
             return None
         if self.process.poll() is None:
@@ -72,11 +84,14 @@ class GatewayProcess:
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                kill_group(self.process.pid)
                 self.process.wait(timeout=10)
+        if not self._cleaned_up:
+            kill_group(self.process.pid)
+            self._cleaned_up = True  # once: the group's id may be reused from here on
         return self.process.returncode
 
-    def __enter__(self) -> "GatewayProcess":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer, free_port
+
+
+@dataclass(frozen=True)
+class ExitedChild:
+    """A child process of the stack that exited: which one, its exit code, its log file."""
+
+    name: str
+    code: int
+    log_path: Path | None
+
+    def __str__(self) -> str:
+        how = f"exited with code {self.code}"
+        if self.code < 0:
+            how = f"was killed by {signal.Signals(-self.code).name} (exit code {self.code})"
+        return f"{self.name} {how}; log: {self.log_path or 'none'}"
 
 
 @dataclass
@@ -21,7 +38,7 @@ class LocalStack:
     triton: TritonServer | None = field(default=None, init=False)
     gateway: GatewayProcess | None = field(default=None, init=False)
 
-    def start(self) -> "LocalStack":
+    def start(self) -> Self:
         logs = self.log_dir
         if logs:
             logs.mkdir(parents=True, exist_ok=True)
@@ -41,6 +58,14 @@ class LocalStack:
             raise
         return self
 
+    def exited(self) -> ExitedChild | None:
+        """The first child process (tritonserver, then the gateway) that is no longer running."""
+        children = (("tritonserver", self.triton), ("gateway", self.gateway))
+        for name, child in children:
+            if child and child.process and (code := child.process.poll()) is not None:
+                return ExitedChild(name, code, child.log_path)
+        return None
+
     def stop(self) -> None:
         """Gateway first (it unregisters its shm regions from Triton), then Triton."""
         if self.gateway:
@@ -48,7 +73,7 @@ class LocalStack:
         if self.triton:
             self.triton.stop()
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

@@ -8,7 +8,9 @@ PATH so that model.py imports come from the same environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -20,9 +22,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOME = REPO_ROOT / ".cache" / "tritonserver" / "pytriton" / "tritonserver"
+SHM_DIR = Path("/dev/shm")
+PYTHON_SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's default region prefix
 
 
 def free_port() -> int:
@@ -45,6 +50,35 @@ def find_tritonserver_home() -> Path:
         env={**os.environ, "PYTHON": sys.executable},
     )
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def unique_shm_prefix() -> str:
+    """A python-backend region prefix of its own (`<default prefix>devstack_<hex>_`), for one server."""
+    return f"{PYTHON_SHM_PREFIX}devstack_{secrets.token_hex(6)}_"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of process group `pgid`, from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError, IndexError):
+            continue  # the process went away meanwhile
+        if state != "Z" and int(group) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def kill_group(pgid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL what is left of process group `pgid` and wait until none of it runs."""
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 STUB_PYTHON_ENV = "TRITON_STUB_PYTHON"
@@ -80,6 +114,7 @@ class TritonServer:
 
     Ports default to free ones. `model_control` is "none" (load everything) or
     "explicit" (load `load_models`). `stub_python`: see `server_environment`.
+    `shm_prefix` names the python backend's /dev/shm regions; `stop` unlinks them.
     """
 
     repository: Path
@@ -92,7 +127,9 @@ class TritonServer:
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 120.0
     stub_python: Path | None = None
+    shm_prefix: str = field(default_factory=unique_shm_prefix)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _cleaned_up: bool = field(default=False, init=False, repr=False)  # of this `process`
 
     @property
     def grpc_url(self) -> str:
@@ -120,21 +157,23 @@ class TritonServer:
             "--strict-readiness=true",
             f"--model-control-mode={self.model_control}",
             "--log-verbose=0",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         cmd += [f"--load-model={m}" for m in self.load_models]
         return cmd + list(self.extra_args)
 
-    def start(self) -> "TritonServer":
+    def start(self) -> Self:
         """Start the process and wait until /v2/health/ready answers 200."""
         home = find_tritonserver_home()
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            self.command(home),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=server_environment(home, self.stub_python),
-            start_new_session=True,
-        )
+        with open(self.log_path or os.devnull, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(home),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server_environment(home, self.stub_python),
+                start_new_session=True,  # its own process group: tritonserver and its python stubs
+            )
+        self._cleaned_up = False
         self.wait_ready()
         return self
 
@@ -142,6 +181,7 @@ class TritonServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
+                self.stop()  # the stubs it leaves, and its regions
                 raise RuntimeError(
                     f"tritonserver exited with {self.process.returncode}; log: {self.log_path}"
                 )
@@ -159,21 +199,35 @@ class TritonServer:
             return False
 
     def stop(self, kill: bool = False) -> None:
-        """Stop the server (SIGTERM, or SIGKILL with `kill=True`) and wait for it."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        sig = signal.SIGKILL if kill else signal.SIGTERM
-        try:
-            os.killpg(self.process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        """Stop the server (SIGTERM, or SIGKILL with `kill=True`) and wait for it.
 
-    def __enter__(self) -> "TritonServer":
+        Then kill what is left of its process group (python stubs) and unlink its /dev/shm
+        regions, which a SIGKILLed server leaves behind. Also cleans up after a server that died.
+        """
+        if self.process is None or self._cleaned_up:
+            return
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill_group(self.process.pid)
+                self.process.wait(timeout=10)
+        kill_group(self.process.pid)
+        self.remove_shm()
+        self._cleaned_up = True  # once: the group's id may be reused from here on
+
+    def shm_files(self) -> list[Path]:
+        """This server's python-backend regions in /dev/shm."""
+        return sorted(SHM_DIR.glob(f"{self.shm_prefix}*"))
+
+    def remove_shm(self) -> None:
+        """Unlink this server's python-backend regions (call only when it is gone)."""
+        for path in self.shm_files():
+            path.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
