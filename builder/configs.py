@@ -13,9 +13,9 @@ from builder.settings import Format, ResolvedSettings, effective_buckets
 from contract import (
     LABELS_FILE,
     NUM_TOKENS,
+    REPO_BACKEND,
     TEXT,
     TOKEN_INPUTS,
-    REPO_BACKEND,
     Param,
     ensemble_model,
     step_model,
@@ -33,9 +33,17 @@ def model_names(name: str, formats: Sequence[Format]) -> dict[str, str]:
 
 
 def _batching(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
+    """Dynamic batcher with a bounded queue: a request over its timeout (its own, else the default) or one
+    arriving at a full queue is rejected instead of executed late (docs/contract.md, queue policy)."""
     if settings.dynamic_batching:
-        config.dynamic_batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
-        config.dynamic_batching.max_queue_delay_microseconds = settings.max_queue_delay_us
+        batching = config.dynamic_batching
+        batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
+        batching.max_queue_delay_microseconds = settings.max_queue_delay_us
+        policy = batching.default_queue_policy
+        policy.timeout_action = mc.ModelQueuePolicy.REJECT
+        policy.default_timeout_microseconds = settings.queue_timeout_ms * 1000
+        policy.allow_timeout_override = True
+        policy.max_queue_size = settings.max_queue_size
 
 
 def _kind(settings: ResolvedSettings) -> int:

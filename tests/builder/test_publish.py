@@ -74,9 +74,8 @@ def test_failure_into_new_repository_leaves_nothing(tmp_path: Path, monkeypatch:
 
 
 def test_staging_needs_an_existing_parent(tmp_path: Path) -> None:
-    with pytest.raises(BuildError, match="parent directory"):
-        with staging_directory(tmp_path / "missing" / "repo"):
-            pass
+    with pytest.raises(BuildError, match="parent directory"), staging_directory(tmp_path / "missing" / "repo"):
+        pass
 
 
 def test_large_models_keep_weights_in_external_data(python_repository: Path, tmp_path: Path,

@@ -11,18 +11,25 @@ from tritonclient.grpc import model_config_pb2 as mc
 from builder import configs
 from builder.parity import compare, parity_inputs
 from builder.settings import ResolvedSettings
-from builder.tensorrt_engine import build_engine, profile_shapes, run_engine, tensorrt_available
+from builder.tensorrt_engine import (
+    build_engine,
+    profile_shapes,
+    run_engine,
+    tensorrt_available,
+)
 
 
 def _settings(**overrides: object) -> ResolvedSettings:
-    values: dict[str, object] = dict(
-        model="org/model", revision="abc", task="classify", name="m", formats=["onnx", "trt"], max_seq_len=300,
-        max_batch_size=64, device="gpu", runtime="native", pooling=None, labels=["a", "b", "c"],
-        length_buckets=[16, 32, 64, 128, 256, 512], dynamic_batching=True, max_queue_delay_us=100,
-        preferred_batch_sizes=[4, 8, 16, 32, 64], instances=2, tokenizer_instances=1, onnx_threads=0, opset=17,
-        trt_opt_batch_size=8, trt_workspace_mib=4096, skip_parity=False, onnx_optimize=True, merge_buckets=False,
-        onnx_precision="fp16", max_batch_tokens=16384, batch_widths=[16, 300], batch_rows=[8, 64],
-    )
+    values: dict[str, object] = {
+        "model": "org/model", "revision": "abc", "task": "classify", "name": "m", "formats": ["onnx", "trt"],
+        "max_seq_len": 300, "max_batch_size": 64, "device": "gpu", "runtime": "native", "pooling": None,
+        "labels": ["a", "b", "c"], "length_buckets": [16, 32, 64, 128, 256, 512], "dynamic_batching": True,
+        "max_queue_delay_us": 100, "preferred_batch_sizes": [4, 8, 16, 32, 64], "queue_timeout_ms": 5000,
+        "max_queue_size": 512, "instances": 2, "tokenizer_instances": 1, "onnx_threads": 0, "opset": 17,
+        "trt_opt_batch_size": 8, "trt_workspace_mib": 4096, "skip_parity": False, "onnx_optimize": True,
+        "merge_buckets": False, "onnx_precision": "fp16", "max_batch_tokens": 16384, "batch_widths": [16, 300],
+        "batch_rows": [8, 64],
+    }
     values.update(overrides)
     return ResolvedSettings.model_validate(values)
 
@@ -46,7 +53,11 @@ def test_trt_configs() -> None:
     (group,) = config.instance_group
     assert group.kind == mc.ModelInstanceGroup.KIND_GPU and group.count == 2 and list(group.profile) == ["0"]
     assert list(config.dynamic_batching.preferred_batch_size) == [4, 8, 16, 32, 64]
+    policy = config.dynamic_batching.default_queue_policy  # the TensorRT step queues like the others
+    assert (policy.timeout_action, policy.default_timeout_microseconds, policy.allow_timeout_override,
+            policy.max_queue_size) == (mc.ModelQueuePolicy.REJECT, 5_000_000, True, 512)
     ensemble = configs.ensemble_config(s, "trt", width=3)
+    assert not ensemble.HasField("dynamic_batching")
     assert ensemble.name == "m_trt_fp16_ensemble"
     assert [st.model_name for st in ensemble.ensemble_scheduling.step] == ["m_tokenizer", "m_trt_fp16"]
     assert ensemble.parameters["backend"].string_value == "trt_fp16"
