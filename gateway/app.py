@@ -6,7 +6,11 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from starlette.responses import HTMLResponse
+from starlette.staticfiles import StaticFiles
+from swagger_ui_bundle import swagger_ui_path
 
 from gateway.api.errors import install_error_handlers
 from gateway.api.middleware import RequestContextMiddleware
@@ -38,16 +42,37 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         description="Friendly /classify and /embed JSON APIs over Triton.",
         default_response_class=OrjsonResponse,
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if settings.docs else None,
     )
     install_error_handlers(app)
     app.include_router(api)
     app.include_router(ops)
+    if settings.docs:
+        _serve_docs(app)
     app.add_middleware(
         RequestContextMiddleware,
         request_id_header=settings.request_id_header,
         max_in_flight=settings.max_in_flight,
+        max_body_bytes=settings.max_body_bytes,
     )
     return app
+
+
+def _serve_docs(app: FastAPI) -> None:
+    """Swagger UI at /docs from the assets of the swagger-ui-bundle package: no CDN, works offline."""
+    app.mount("/docs/assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - docs",
+            swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs/assets/swagger-ui.css",
+            swagger_favicon_url="/docs/assets/favicon-32x32.png",
+        )
 
 
 def app_from_env() -> FastAPI:

@@ -96,6 +96,11 @@ SHM_REGIONS = Gauge(
     "Shared-memory regions in the pool (all workers).",
     multiprocess_mode="livesum",
 )
+SHM_RETIRED = Gauge(
+    "gateway_shm_regions_retired",
+    "Regions of abandoned calls waiting for Triton to release them before reuse.",
+    multiprocess_mode="livesum",
+)
 IN_FLIGHT = Gauge(
     "gateway_in_flight_requests",
     "Requests being processed (all workers).",

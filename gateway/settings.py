@@ -55,6 +55,12 @@ class GatewaySettings(BaseSettings):
     startup_timeout_s: float = Field(5.0, gt=0, description="How long start-up waits for Triton before serving.")
     refresh_interval_s: float = Field(2.0, ge=0, description="Least time between two model re-discoveries.")
     max_inputs: int = Field(2048, ge=1, description="Most input texts in one request (413 above).")
+    max_body_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 before the body is read)."
+    )
+    max_input_chars: int = Field(
+        100_000, ge=1, description="Longest input text in characters (413 above; truncation happens in tokens)."
+    )
     max_in_flight: int = Field(512, ge=1, description="Requests in flight per worker (429 above).")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted bearer keys; empty list = no auth."
@@ -67,6 +73,7 @@ class GatewaySettings(BaseSettings):
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    docs: bool = Field(True, description="Serve /docs (Swagger UI, assets bundled: works offline) and /openapi.json.")
     metrics_dir: str = Field(
         "", description="PROMETHEUS_MULTIPROC_DIR for several workers; empty = a fresh temp dir."
     )

@@ -1,4 +1,4 @@
-"""Optional bearer API keys (off when GATEWAY_API_KEYS is empty)."""
+"""Optional bearer API keys (off when GATEWAY_API_KEYS is empty); keys are never logged."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import hmac
 
 from fastapi import Request
 
-from gateway.api.errors import Unauthorized
+from gateway.errors import ErrorKind, GatewayError
+
+
+def key_matches(supplied: bytes, keys: list[str]) -> bool:
+    """Whether `supplied` is one of `keys`, compared in constant time against every key."""
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(supplied, key.encode())
+    return matched
 
 
 async def require_api_key(request: Request) -> None:
@@ -16,7 +24,6 @@ async def require_api_key(request: Request) -> None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("missing bearer API key")
-    supplied = token.strip().encode()
-    if not any(hmac.compare_digest(supplied, k.encode()) for k in keys):
-        raise Unauthorized("invalid API key")
+        raise GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer API key")
+    if not key_matches(token.strip().encode(), keys):
+        raise GatewayError(ErrorKind.UNAUTHORIZED, "invalid API key")

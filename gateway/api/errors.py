@@ -1,76 +1,59 @@
-"""The one error shape `{"error": {"type", "message"}}` and the exception handlers producing it."""
+"""The HTTP edge of errors: each `ErrorKind` answered with its status code in the one JSON shape
+`{"error": {"type", "message"}}`, and the handlers that turn every failure into it."""
 
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from gateway.api.responses import OrjsonResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.api.responses import OrjsonResponse
+from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import ERRORS
 
 log = logging.getLogger("gateway.errors")
 
-
-class GatewayError(Exception):
-    """An error answered to the client as `status` with a stable `type` string."""
-
-    status: int = 500
-    type: str = "internal_error"
-
-    def __init__(self, message: str, *, status: int | None = None, type: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if status is not None:
-            self.status = status
-        if type is not None:
-            self.type = type
-
-
-class BadRequest(GatewayError):
-    status, type = 400, "invalid_request"
+STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID: 400,
+    ErrorKind.UNAUTHORIZED: 401,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.UNSUPPORTED_MEDIA: 415,
+    ErrorKind.RATE_LIMITED: 429,
+    ErrorKind.INTERNAL: 500,
+    ErrorKind.UPSTREAM: 502,
+    ErrorKind.OVERLOADED: 503,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.TIMEOUT: 504,
+}
+MAX_MESSAGE_CHARS = 1000  # error messages may quote input; keep every error body small
 
 
-class Unauthorized(GatewayError):
-    status, type = 401, "authentication_error"
-
-
-class ModelNotFound(GatewayError):
-    status, type = 404, "model_not_found"
-
-
-class PayloadTooLarge(GatewayError):
-    status, type = 413, "too_many_inputs"
-
-
-class InputTooLong(GatewayError):
-    status, type = 413, "input_too_long"
-
-
-class TooManyRequests(GatewayError):
-    status, type = 429, "rate_limited"
-
-
-class TritonUnavailable(GatewayError):
-    status, type = 503, "triton_unavailable"
-
-
-class GatewayTimeout(GatewayError):
-    status, type = 504, "timeout"
-
-
-def error_response(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> OrjsonResponse:
-    """Build the JSON error response and count it."""
+def error_response(
+    status: int, type_: str, message: str, retry_after_s: float | None = None, headers: dict[str, str] | None = None
+) -> OrjsonResponse:
+    """Build the JSON error response (bounded in size) and count it."""
     ERRORS.labels(type_).inc()
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[: MAX_MESSAGE_CHARS - 3] + "..."
+    headers = dict(headers or {})
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return OrjsonResponse({"error": {"type": type_, "message": message}}, status_code=status, headers=headers)
+
+
+def gateway_error_response(exc: GatewayError) -> OrjsonResponse:
+    """The response for a domain error."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.kind is ErrorKind.UNAUTHORIZED else None
+    return error_response(STATUS[exc.kind], exc.type, exc.message, exc.retry_after_s, headers)
 
 
 async def _gateway_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, GatewayError)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return error_response(exc.status, exc.type, exc.message, headers)
+    return gateway_error_response(exc)
 
 
 async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
@@ -78,6 +61,10 @@ async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         return error_response(400, "invalid_json", "request body is not valid JSON")
+    unicode = next((e for e in errors if e.get("type") == "string_unicode"), None)
+    if unicode is not None:  # JSON may escape a lone UTF-16 surrogate ("\ud800"): no Unicode text has one
+        where = ".".join(str(p) for p in unicode.get("loc", ()) if p != "body" and "str" not in str(p))
+        return error_response(400, "invalid_unicode", f"{where}: text is not valid Unicode (a lone surrogate)")
     parts = []
     for e in errors[:5]:
         loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
@@ -87,7 +74,7 @@ async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
 
 async def _http_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, StarletteHTTPException)
-    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    kind = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, kind, str(exc.detail))
 
 
@@ -101,4 +88,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(Exception, _unexpected)  # the request-context middleware answers first, with the id

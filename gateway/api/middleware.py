@@ -1,59 +1,107 @@
-"""Pure-ASGI middleware: request id, in-flight limit (429), per-request metrics and one log line."""
+"""Pure-ASGI middleware: request id, body size limit (413), in-flight limit (429), the last-resort
+500 (with the request id), per-request metrics and one log line."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.errors import TooManyRequests, error_response
+from gateway.api.errors import error_response
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
 
 log = logging.getLogger("gateway.access")
 _UNTRACKED = {"/metrics", "/healthz", "/readyz"}
+_SAFE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+
+
+class BodyTooLarge(HTTPException):
+    """The body grew past the limit while it was read (no or a false Content-Length). An HTTPException,
+    because FastAPI turns any other failure while it reads the body into a 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over the limit of {limit} bytes")
+
+
+def request_id(scope: Scope, header: bytes) -> str:
+    """The caller's request id when it is short and plain (it is echoed and logged), else a new one."""
+    value = next((v for k, v in scope["headers"] if k == header), b"")
+    return value.decode("ascii") if _SAFE_REQUEST_ID.fullmatch(value) else uuid.uuid4().hex
+
+
+def declared_length(scope: Scope) -> int | None:
+    value = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 class RequestContextMiddleware:
     """Wraps every HTTP request; handlers put `model`/`inputs` into `request.state`."""
 
-    def __init__(self, app: ASGIApp, *, request_id_header: str, max_in_flight: int) -> None:
+    def __init__(self, app: ASGIApp, *, request_id_header: str, max_in_flight: int, max_body_bytes: int) -> None:
         self.app = app
         self.header = request_id_header.lower().encode()
         self.header_name = request_id_header.encode()
         self.max_in_flight = max_in_flight
+        self.max_body_bytes = max_body_bytes
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.header), "") or uuid.uuid4().hex
-        rid_header = (self.header_name, rid.encode("latin-1"))
+        rid = request_id(scope, self.header)
+        rid_header = (self.header_name, rid.encode("ascii"))
         status = 500
+        started = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 message["headers"] = [*message.get("headers", ()), rid_header]
             await send(message)
 
+        async def reply(status_: int, type_: str, message: str, retry_after_s: float | None = None) -> None:
+            await error_response(status_, type_, message, retry_after_s)(scope, receive, send_with_id)
+
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge(self.max_body_bytes)
+            return message
+
         start = time.perf_counter()
-        if self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
-            rejection = error_response(TooManyRequests.status, TooManyRequests.type, "too many requests in flight")
-            await rejection(scope, receive, send_with_id)
-            self._record(scope, rid, status, time.perf_counter() - start)
-            return
-        self.in_flight += 1
-        IN_FLIGHT.inc()
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            self.in_flight -= 1
-            IN_FLIGHT.dec()
-            self._record(scope, rid, status, time.perf_counter() - start)
+        too_large = f"request body over the limit of {self.max_body_bytes} bytes"
+        length = declared_length(scope)
+        if length is not None and length > self.max_body_bytes:
+            await reply(413, "body_too_large", too_large)
+        elif self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
+            await reply(429, "rate_limited", "too many requests in flight", retry_after_s=1)
+        else:
+            self.in_flight += 1
+            IN_FLIGHT.inc()
+            try:
+                await self.app(scope, limited_receive, send_with_id)
+            except BodyTooLarge:
+                if not started:
+                    await reply(413, "body_too_large", too_large)
+            except Exception:
+                log.exception("unhandled error", extra={"request_id": rid})
+                if not started:
+                    await reply(500, "internal_error", "internal error")
+            finally:
+                self.in_flight -= 1
+                IN_FLIGHT.dec()
+        self._record(scope, rid, status, time.perf_counter() - start)
 
     @staticmethod
     def _record(scope: Scope, rid: str, status: int, elapsed: float) -> None:

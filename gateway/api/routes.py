@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from gateway.api.auth import require_api_key
-from gateway.api.errors import BadRequest, GatewayTimeout, PayloadTooLarge
 from gateway.api.responses import OrjsonResponse
 from gateway.api.schemas import (
     ClassifyRequest,
@@ -23,6 +23,7 @@ from gateway.api.schemas import (
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
 )
+from gateway.errors import ErrorKind, GatewayError, invalid
 from gateway.metrics import TOKENS, render_latest
 from gateway.service.classify import classify
 from gateway.service.embed import embed
@@ -30,9 +31,23 @@ from gateway.service.runtime import Runtime
 
 T = TypeVar("T")
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 422, 429, 503, 504)
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 422, 429, 502, 503, 504)
 }
-api = APIRouter(dependencies=[Depends(require_api_key)], responses=_ERRORS)
+
+
+async def require_json(request: Request) -> None:
+    """415 unless a POST body is declared as JSON (a form or text body would fail obscurely later)."""
+    if request.method != "POST":
+        return
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        raise GatewayError(
+            ErrorKind.UNSUPPORTED_MEDIA,
+            f"send the body as JSON with Content-Type: application/json (got {media or 'no Content-Type'!r})",
+        )
+
+
+api = APIRouter(dependencies=[Depends(require_api_key), Depends(require_json)], responses=_ERRORS)
 ops = APIRouter()
 
 
@@ -43,17 +58,25 @@ def _runtime(request: Request) -> Runtime:
 def _texts(request: Request, runtime: Runtime, inputs: str | list[str]) -> list[str]:
     texts = [inputs] if isinstance(inputs, str) else inputs
     request.state.inputs = len(texts)
-    if len(texts) > runtime.settings.max_inputs:
-        raise PayloadTooLarge(f"{len(texts)} inputs, over the limit of {runtime.settings.max_inputs}")
+    s = runtime.settings
+    if len(texts) > s.max_inputs:
+        raise GatewayError(ErrorKind.TOO_LARGE, f"{len(texts)} inputs, over the limit of {s.max_inputs}",
+                           type="too_many_inputs")
+    for i, text in enumerate(texts):
+        if len(text) > s.max_input_chars:
+            raise GatewayError(ErrorKind.TOO_LARGE, f"input {i} has {len(text)} characters, over the limit of "
+                               f"{s.max_input_chars}", type="input_too_long")
     return texts
 
 
-async def _deadline(runtime: Runtime, work: Awaitable[T]) -> T:
+async def _deadline(runtime: Runtime, work: Callable[[float], Awaitable[T]]) -> T:
+    """Run `work(deadline)`: it must be done by the deadline (time.monotonic()), or 504."""
+    timeout = runtime.settings.request_timeout_s
     try:
-        async with asyncio.timeout(runtime.settings.request_timeout_s):
-            return await work
+        async with asyncio.timeout(timeout):
+            return await work(time.monotonic() + timeout)
     except TimeoutError:
-        raise GatewayTimeout(f"request took longer than {runtime.settings.request_timeout_s}s") from None
+        raise GatewayError(ErrorKind.TIMEOUT, f"request took longer than {timeout}s") from None
 
 
 @api.post("/classify", response_class=OrjsonResponse, responses={200: {"model": ClassifyResponse}})
@@ -63,9 +86,8 @@ async def classify_route(body: ClassifyRequest, request: Request) -> Response:
     texts = _texts(request, runtime, body.inputs)
     model = await runtime.model(body.model, "classify")
     request.state.model = model.name
-    preds, tokens = await _deadline(
-        runtime, classify(runtime.inference, model, texts, truncate=body.truncate, backend=body.backend)
-    )
+    preds, tokens = await _deadline(runtime, lambda deadline: classify(
+        runtime.inference, model, texts, truncate=body.truncate, backend=body.backend, deadline=deadline))
     TOKENS.labels("/classify", model.name).inc(tokens)
     return OrjsonResponse({"model": model.name, "predictions": preds, "usage": {"tokens": tokens}})
 
@@ -77,10 +99,9 @@ async def embed_route(body: EmbedRequest, request: Request) -> Response:
     texts = _texts(request, runtime, body.inputs)
     model = await runtime.model(body.model, "embed")
     request.state.model = model.name
-    vectors, tokens = await _deadline(
-        runtime,
-        embed(runtime.inference, model, texts, normalize=body.normalize, truncate=body.truncate, backend=body.backend),
-    )
+    vectors, tokens = await _deadline(runtime, lambda deadline: embed(
+        runtime.inference, model, texts, normalize=body.normalize, truncate=body.truncate, backend=body.backend,
+        deadline=deadline))
     TOKENS.labels("/embed", model.name).inc(tokens)
     return OrjsonResponse(
         {"model": model.name, "embeddings": vectors, "dimensions": int(vectors.shape[1]), "usage": {"tokens": tokens}}
@@ -95,13 +116,12 @@ async def openai_embeddings_route(body: OpenAIEmbeddingRequest, request: Request
     model = await runtime.model(body.model, "embed")
     request.state.model = model.name
     if body.dimensions is not None and body.dimensions != model.embedding_dim:
-        raise BadRequest(
+        raise invalid(
             f"model {model.name!r} produces {model.embedding_dim}-dimensional embeddings only",
             type="unsupported_dimensions",
         )
-    vectors, tokens = await _deadline(
-        runtime, embed(runtime.inference, model, texts, normalize=True, truncate=True, backend=None)
-    )
+    vectors, tokens = await _deadline(runtime, lambda deadline: embed(
+        runtime.inference, model, texts, normalize=True, truncate=True, backend=None, deadline=deadline))
     TOKENS.labels("/v1/embeddings", model.name).inc(tokens)
     if body.encoding_format == "base64":
         little = vectors.astype("<f4", copy=False)

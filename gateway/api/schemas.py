@@ -6,13 +6,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Text = Annotated[str, Field(strict=True)]
-Inputs = Annotated[Text | Annotated[list[Text], Field(min_length=1)], Field(description="One text or a list.")]
+Text = Annotated[str, Field(min_length=1)]
+Inputs = Annotated[
+    Text | Annotated[list[Text], Field(min_length=1)], Field(description="One non-empty text or a non-empty list.")
+]
 Backend = Literal["onnx", "trt"]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies are strict: booleans are JSON booleans, integers JSON integers, no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ClassifyRequest(_Request):
@@ -56,7 +60,7 @@ class EmbedResponse(BaseModel):
 class OpenAIEmbeddingRequest(BaseModel):
     """OpenAI `POST /v1/embeddings` body (token-array inputs are not supported)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # OpenAI clients send fields of newer API versions
 
     input: Inputs
     model: str | None = None

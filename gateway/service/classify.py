@@ -28,8 +28,9 @@ def predictions(labels: tuple[str, ...], probs: np.ndarray) -> list[dict[str, An
 
 
 async def classify(
-    inference: Inference, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None
+    inference: Inference, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None,
+    deadline: float,
 ) -> tuple[list[dict[str, Any]], int]:
     """Predictions for `texts` in order, and the billed token count."""
-    result = await inference.run(model, texts, truncate=truncate, backend=backend)
+    result = await inference.run(model, texts, truncate=truncate, backend=backend, deadline=deadline)
     return predictions(model.labels, softmax(result.outputs)), result.tokens

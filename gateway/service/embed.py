@@ -22,8 +22,9 @@ async def embed(
     normalize: bool,
     truncate: bool,
     backend: Backend | None,
+    deadline: float,
 ) -> tuple[np.ndarray, int]:
     """Embeddings [n, dim] float32 for `texts` in order, and the billed token count."""
-    result = await inference.run(model, texts, truncate=truncate, backend=backend)
+    result = await inference.run(model, texts, truncate=truncate, backend=backend, deadline=deadline)
     vectors = l2_normalize(result.outputs) if normalize else result.outputs
     return vectors.astype(np.float32, copy=False), result.tokens

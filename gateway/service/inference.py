@@ -16,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from contract import NUM_TOKENS, TEXT, TOKEN_INPUTS
 from contract.batching import ROW_PAD_LIMIT, Shapes
-from contract.tokenization import EncodedTexts, clean_text
-from gateway.api.errors import InputTooLong
+from contract.tokenization import EncodedTexts, TextEncoder
+from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import BatchMetrics
 from gateway.service.registry import Backend, Endpoint, ServedModel
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
@@ -62,23 +63,17 @@ class TokenPipeline:
     metrics: BatchMetrics
 
 
-def _utf8(text: str) -> bytes:
-    """`text` as UTF-8; lone surrogates (which JSON can carry) become U+FFFD, as the tokenizers do."""
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return clean_text(text).encode()
-
-
 def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -> int:
     """Billed tokens; 413 when `truncate` is off and a text is over the model's limit."""
     if not truncate:
         over = np.flatnonzero(num_tokens > model.max_seq_len)
         if over.size:
             i = int(over[0])
-            raise InputTooLong(
+            raise GatewayError(
+                ErrorKind.TOO_LARGE,
                 f"input {i} has {int(num_tokens[i])} tokens, over the model's limit of {model.max_seq_len} "
-                "(send truncate: true to truncate)"
+                "(send truncate: true to truncate)",
+                type="input_too_long",
             )
     return int(np.minimum(num_tokens, model.max_seq_len).sum())
 
@@ -86,35 +81,52 @@ def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -
 class Inference:
     """Both pipelines of one worker, and the set of scheduler pipelines kept in sync with the registry."""
 
-    def __init__(self, client: TritonClient, settings: GatewaySettings) -> None:
+    def __init__(
+        self, client: TritonClient, settings: GatewaySettings, on_model_gone: Callable[[], None] = lambda: None
+    ) -> None:
         self.client = client
         self.settings = settings
         self.pipelines: dict[str, TokenPipeline] = {}  # by model step name
+        self.encoders: dict[str, TextEncoder] = {}  # ensemble-pipeline models the gateway can count tokens for
+        self._on_model_gone = on_model_gone
         self._fallback_logged: set[str] = set()
 
     def pipeline_of(self, model: ServedModel, endpoint: Endpoint) -> str:
         """`scheduler` or `ensemble`: how requests for this endpoint run."""
         return "scheduler" if endpoint.step_model in self.pipelines else "ensemble"
 
-    async def run(self, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None) -> BatchResult:
-        """Infer all `texts` (any count) on `model`; 413 when `truncate` is off and a text is too long."""
+    async def run(
+        self, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None, deadline: float
+    ) -> BatchResult:
+        """Infer all `texts` (any count) on `model` by `deadline` (time.monotonic()); 413 before any
+        inference when `truncate` is off and a text is too long (where the gateway can tokenize)."""
         endpoint = model.endpoint(backend)
         pipeline = self.pipelines.get(endpoint.step_model)
-        if pipeline is None:
-            return await self._run_ensemble(model, endpoint, texts, truncate)
-        start = time.perf_counter()
-        encoded: EncodedTexts = await pipeline.tokenizer.encode(texts)
-        pipeline.metrics.tokenize.observe(time.perf_counter() - start)
-        tokens = _check_lengths(model, encoded.num_tokens, truncate)
-        outputs = await pipeline.scheduler.submit(encoded)
-        return BatchResult(outputs, encoded.num_tokens, tokens)
+        try:
+            if pipeline is None:
+                return await self._run_ensemble(model, endpoint, texts, truncate, deadline)
+            start = time.perf_counter()
+            encoded: EncodedTexts = await pipeline.tokenizer.encode(texts)
+            pipeline.metrics.tokenize.observe(time.perf_counter() - start)
+            tokens = _check_lengths(model, encoded.num_tokens, truncate)
+            outputs = await pipeline.scheduler.submit(encoded, deadline)
+            return BatchResult(outputs, encoded.num_tokens, tokens)
+        except GatewayError as exc:
+            if exc.type == "model_unavailable":
+                self._on_model_gone()
+            raise
 
-    async def _run_ensemble(self, model: ServedModel, endpoint: Endpoint, texts: list[str], truncate: bool) -> BatchResult:
-        encoded = [_utf8(t) for t in texts]
+    async def _run_ensemble(
+        self, model: ServedModel, endpoint: Endpoint, texts: list[str], truncate: bool, deadline: float
+    ) -> BatchResult:
+        encoder = self.encoders.get(model.name)
+        if not truncate and encoder is not None:  # refuse before paying for the inference
+            _check_lengths(model, (await asyncio.to_thread(encoder.encode, texts)).num_tokens, truncate)
+        encoded = [t.encode() for t in texts]  # the API admits valid Unicode only
         size = endpoint.max_batch_size
         chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
         output = Output(model.output_name, model.output_width, model.name)
-        calls = [self.client.infer_ensemble(endpoint.triton_model, chunk, output) for chunk in chunks]
+        calls = [self.client.infer_ensemble(endpoint.triton_model, chunk, output, deadline) for chunk in chunks]
         parts = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
         outputs = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
         num_tokens = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
@@ -125,17 +137,33 @@ class Inference:
         """Create what new endpoints need (pipelines, shm pools); drop pipelines of endpoints that went."""
         s = self.settings
         wanted: set[str] = set()
+        pooled: set[str] = set()
+        self.encoders = {}
         for model in models:
             for endpoint in model.endpoints.values():
                 if s.pipeline == "scheduler" and endpoint.step_model:
                     pipeline = self._pipeline(model, endpoint)
                     if pipeline is not None:
                         wanted.add(endpoint.step_model)
+                        pooled.add(endpoint.step_model)
                         await self._ensure_step_pool(model, endpoint)
                         continue
+                pooled.add(endpoint.triton_model)
                 await self._ensure_ensemble_pool(model, endpoint)
+                self._remember_encoder(model)
         for step in set(self.pipelines) - wanted:
             await self.pipelines.pop(step).scheduler.close()
+        for name in set(self.client.pools) - pooled:
+            await self.client.drop_pool(name)
+
+    def _remember_encoder(self, model: ServedModel) -> None:
+        """Where the gateway can read an ensemble-pipeline model's tokenizer, it counts tokens for
+        `truncate: false` itself, so that a too-long text is refused before inference."""
+        if model.name not in self.encoders:
+            try:
+                self.encoders[model.name] = load_encoder(self.settings.repository, model)
+            except (TokenizerUnavailable, OSError, ValueError):
+                pass
 
     def _pipeline(self, model: ServedModel, endpoint: Endpoint) -> TokenPipeline | None:
         current = self.pipelines.get(endpoint.step_model)
@@ -157,8 +185,8 @@ class Inference:
         output = Output(model.output_name, model.output_width, model.name)
         step = endpoint.step_model
 
-        async def run_batch(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
-            return await self.client.infer_step(step, (ids, mask, types), output)
+        async def run_batch(ids: np.ndarray, mask: np.ndarray, types: np.ndarray, deadline: float) -> np.ndarray:
+            return await self.client.infer_step(step, (ids, mask, types), output, deadline)
 
         if current is not None:  # the tokenizer changed: new encoder, same queue
             current.tokenizer.encoder, current.sha256 = encoder, sha

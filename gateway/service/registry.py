@@ -24,7 +24,7 @@ from contract import (
     output_name,
 )
 from contract.batching import parse_sizes
-from gateway.api.errors import BadRequest, ModelNotFound
+from gateway.errors import ErrorKind, GatewayError, invalid
 
 log = logging.getLogger("gateway.registry")
 
@@ -84,7 +84,7 @@ class ServedModel:
         """The endpoint for `backend`, or the preferred one (TensorRT when built)."""
         chosen = backend or self.default_backend
         if chosen not in self.endpoints:
-            raise BadRequest(
+            raise invalid(
                 f"model {self.name!r} has no {chosen!r} backend (available: {sorted(self.endpoints)})",
                 type="backend_not_available",
             )
@@ -156,22 +156,35 @@ class Registry:
     def __init__(self, refresh_interval_s: float) -> None:
         self.models: dict[str, ServedModel] = {}
         self.refresh_interval_s = refresh_interval_s
+        self.index: list[tuple[str, str]] | None = None  # Triton's ready (name, version) the models came from
+        self.generation = 0  # +1 per refresh
         self._last_refresh = float("-inf")
 
-    def replace(self, configs: list[model_config_pb2.ModelConfig]) -> None:
-        """Rebuild the served models from the ready models' configs."""
+    def replace(self, configs: list[model_config_pb2.ModelConfig], index: list[tuple[str, str]] | None = None) -> None:
+        """Rebuild the served models from the ready models' configs; a malformed ensemble is skipped."""
         by_name = {c.name: c for c in configs}
         models: dict[str, ServedModel] = {}
         for config in configs:
-            parsed = parse_ensemble(config, by_name)
+            try:
+                parsed = parse_ensemble(config, by_name)
+            except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+                log.warning("ensemble %s does not follow the repository contract (%s); skipped", config.name, exc)
+                continue
             if parsed is None:
                 continue
             model, endpoint = parsed
             served = models.setdefault(model.name, model)
             served.endpoints[endpoint.backend] = endpoint
+        if sorted(models) != sorted(self.models):
+            log.info("served models: %s", {n: sorted(m.endpoints) for n, m in models.items()})
         self.models = models
+        self.index = index
+        self.touch()
+
+    def touch(self) -> None:
+        """Record a refresh (also one that found nothing changed)."""
+        self.generation += 1
         self._last_refresh = time.monotonic()
-        log.info("served models: %s", {n: sorted(m.endpoints) for n, m in models.items()})
 
     def refresh_due(self) -> bool:
         return time.monotonic() - self._last_refresh >= self.refresh_interval_s
@@ -183,14 +196,14 @@ class Registry:
             if len(candidates) == 1:
                 return candidates[0]
             if not candidates:
-                raise ModelNotFound(f"no {task} model is served")
-            raise BadRequest(
+                raise GatewayError(ErrorKind.NOT_FOUND, f"no {task} model is served")
+            raise invalid(
                 f"several {task} models are served ({sorted(m.name for m in candidates)}): name one in `model`",
                 type="model_required",
             )
         model = self.models.get(name)
         if model is None:
-            raise ModelNotFound(f"model {name!r} is not served (served: {sorted(self.models)})")
+            raise GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
         if model.task != task:
-            raise BadRequest(f"model {name!r} is a {model.task} model, not {task}", type="wrong_task")
+            raise invalid(f"model {name!r} is a {model.task} model, not {task}", type="wrong_task")
         return model

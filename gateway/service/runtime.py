@@ -1,11 +1,13 @@
-"""Per-worker runtime: settings, the Triton client, the model registry and the inference pipelines, kept in sync."""
+"""Per-worker runtime: settings, the Triton client, the model registry and the inference pipelines,
+kept in step with Triton's repository (a refresh every `refresh_interval_s`, and on demand)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
-from gateway.api.errors import GatewayError
+from gateway.errors import GatewayError
 from gateway.service.inference import Inference
 from gateway.service.registry import Registry, ServedModel, Task
 from gateway.settings import GatewaySettings
@@ -21,22 +23,53 @@ class Runtime:
         self.settings = settings
         self.client = TritonClient(settings)
         self.registry = Registry(settings.refresh_interval_s)
-        self.inference = Inference(self.client, settings)
+        self.inference = Inference(self.client, settings, on_model_gone=self._refresh_soon)
         self._refresh_lock = asyncio.Lock()
+        self._watcher: asyncio.Task[None] | None = None
+        self._soon: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Discover models; when Triton is not there yet, serve anyway and discover later."""
+        """Discover models (when Triton is not there yet, serve anyway) and keep following the repository."""
         try:
             await asyncio.wait_for(self.refresh(), self.settings.startup_timeout_s)
         except (GatewayError, TimeoutError) as exc:
-            log.warning("model discovery at start-up failed (%s); retrying on demand", exc)
+            log.warning("model discovery at start-up failed (%s); retrying in the background", exc)
+        if self.settings.refresh_interval_s > 0:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def refresh(self) -> None:
-        """Re-read the served models from Triton; set up pipelines and shm pools for new ones."""
+        """Re-read the served models from Triton once, however many callers ask at the same time;
+        configs are fetched only when Triton's index of ready models changed."""
+        seen = self.registry.generation
         async with self._refresh_lock:
-            configs = await self.client.ready_configs()
-            self.registry.replace(configs)
+            if self.registry.generation != seen:
+                return  # refreshed while this caller waited for the lock
+            index = await self.client.ready_index()
+            if index == self.registry.index:
+                self.registry.touch()
+                return
+            configs = await self.client.model_configs([name for name, _ in index])
+            self.registry.replace(configs, index)
             await self.inference.sync(list(self.registry.models.values()))
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refresh_interval_s)
+            try:
+                await self.refresh()
+            except GatewayError as exc:
+                log.debug("background model discovery failed: %s", exc.message)
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one failure
+                log.exception("background model discovery failed")
+
+    def _refresh_soon(self) -> None:
+        """A call found its model gone from Triton: re-discover now (once, in the background)."""
+        if self._soon is None or self._soon.done():
+            self._soon = asyncio.get_running_loop().create_task(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        with contextlib.suppress(GatewayError):
+            await self.refresh()
 
     async def model(self, name: str | None, task: Task) -> ServedModel:
         """Resolve a request's model, re-discovering once (throttled) when it is not known."""
@@ -49,10 +82,10 @@ class Runtime:
         return self.registry.resolve(name, task)
 
     async def ready(self) -> bool:
-        """Triton ready and every served ensemble loaded."""
+        """Triton ready, at least one model served, and every served ensemble loaded."""
         if not await self.client.server_ready():
             return False
-        if not self.registry.models:
+        if self.registry.refresh_due() or not self.registry.models:
             try:
                 await self.refresh()
             except GatewayError:
@@ -63,5 +96,10 @@ class Runtime:
         return all(await asyncio.gather(*(self.client.model_ready(n) for n in names)))
 
     async def close(self) -> None:
+        for task in (self._watcher, self._soon):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.inference.close()
         await self.client.close()

@@ -7,8 +7,12 @@ and cut by contract/batching.py's rule (token budget, row limit, bounded padding
 padded only to its own longest row), and the batch holding the oldest row goes first. When a
 batch returns, its output rows are scattered back to their callers, in order.
 
-A caller that gives up (timeout, disconnect) leaves its rows behind; they are dropped before
-the next batch forms. A failed batch fails every caller with a row in it.
+Admission: the scheduler measures how many tokens per second the step serves. A caller whose
+rows would, behind the queued and running ones, not be done before its deadline is refused at
+once (`overloaded`, with a retry hint) instead of queueing work nobody will wait for.
+A caller that gives up (deadline, disconnect) leaves its rows behind; they are dropped before
+the next batch forms, and a running batch none of whose callers still waits is cancelled
+(the Triton call with it). A failed batch fails every caller with a row in it.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ import numpy as np
 
 from contract.batching import Shapes, plan_batches
 from contract.tokenization import EncodedTexts
-from gateway.api.errors import GatewayError
+from gateway.errors import ErrorKind, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
 
 log = logging.getLogger("gateway.scheduler")
 
-# (input_ids, attention_mask, token_type_ids) [rows, width] int32 -> outputs [rows, width_out] float32
-RunBatch = Callable[[np.ndarray, np.ndarray, np.ndarray], Awaitable[np.ndarray]]
+# (input_ids, attention_mask, token_type_ids) [rows, width] int32, deadline -> outputs [rows, width_out] float32
+RunBatch = Callable[[np.ndarray, np.ndarray, np.ndarray, float], Awaitable[np.ndarray]]
+_RATE_SMOOTHING = 0.3  # weight of the newest batch in the served-tokens-per-second estimate
+ADMIT_FRACTION = 0.8  # admit a caller when its expected wait is within this share of its remaining time
 
 
 @dataclass(frozen=True)
@@ -44,15 +50,34 @@ class BatchPolicy:
     pad_id: int
 
 
+class _Batch:
+    __slots__ = ("task", "live")
+
+    def __init__(self, live: int) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.live = live  # callers of this batch still waiting
+
+
 class _Caller:
-    """One submit(): where its rows' outputs go, and how many are still missing."""
+    """One submit(): where its rows' outputs go, how many are still missing, and by when."""
 
-    __slots__ = ("future", "outputs", "remaining")
+    __slots__ = ("future", "outputs", "remaining", "deadline", "batches")
 
-    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray) -> None:
+    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray, deadline: float) -> None:
         self.future = future
         self.outputs = outputs
         self.remaining = len(outputs)
+        self.deadline = deadline
+        self.batches: list[_Batch] = []
+        future.add_done_callback(self._gone)
+
+    def _gone(self, future: asyncio.Future[np.ndarray]) -> None:
+        if not future.cancelled():
+            return
+        for batch in self.batches:
+            batch.live -= 1
+            if batch.live == 0 and batch.task is not None:
+                batch.task.cancel()  # nobody waits for it: stop the Triton call
 
 
 class _Row:
@@ -77,7 +102,10 @@ class BatchScheduler:
         self._run_batch = run_batch
         self._metrics = metrics
         self._queue: list[_Row] = []
+        self._queued_tokens = 0
         self._in_flight = 0
+        self._in_flight_tokens = 0
+        self.tokens_per_s: float | None = None  # measured service rate; None until a batch completed
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -85,28 +113,51 @@ class BatchScheduler:
         """Rows waiting for a batch."""
         return len(self._queue)
 
-    async def submit(self, encoded: EncodedTexts) -> np.ndarray:
-        """Outputs [n, width] float32 of the tokenized texts, in order."""
+    def expected_wait_s(self, tokens: int) -> float:
+        """How long `tokens` more would take to be served behind what is queued and running (0 unknown)."""
+        if self.tokens_per_s is None:
+            return 0.0
+        return (self._queued_tokens + self._in_flight_tokens + tokens) / self.tokens_per_s
+
+    async def submit(self, encoded: EncodedTexts, deadline: float) -> np.ndarray:
+        """Outputs [n, width] float32 of the tokenized texts, in order; `overloaded` at once when they
+        could not be served before `deadline` (time.monotonic())."""
+        lengths = int(encoded.num_tokens.clip(max=self.policy.shapes.max_width).sum())
+        wait = self.expected_wait_s(lengths)
+        remaining = deadline - time.monotonic()
+        if wait > ADMIT_FRACTION * remaining:
+            raise GatewayError(
+                ErrorKind.OVERLOADED,
+                f"{self.name} is overloaded: about {wait:.1f}s of queued work, more than this request's deadline allows",
+                type="overloaded", retry_after_s=max(1.0, wait - ADMIT_FRACTION * remaining),
+            )
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32))
+        caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline)
         now = time.perf_counter()
         types = encoded.type_ids
-        self._queue.extend(
-            _Row(caller, i, ids, types[i] if types is not None else None, now) for i, ids in enumerate(encoded.ids)
-        )
-        self._metrics.queued(len(encoded))
+        rows = [_Row(caller, i, ids, types[i] if types is not None else None, now) for i, ids in enumerate(encoded.ids)]
+        self._queue.extend(rows)
+        self._queued_tokens += sum(row.length for row in rows)
+        self._metrics.queued(len(rows))
         self._dispatch()
         return await future
 
     def _dispatch(self) -> None:
         while self._in_flight < self.policy.max_in_flight and self._queue:
-            batch, rows = self._next_batch()
-            if not batch:
+            members, rows = self._next_batch()
+            if not members:
                 return
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch, rows))
+            tokens = sum(row.length for row in members)
+            self._in_flight_tokens += tokens
+            batch = _Batch(len({id(row.caller) for row in members}))
+            for caller in {id(row.caller): row.caller for row in members}.values():
+                caller.batches.append(batch)
+            task = asyncio.get_running_loop().create_task(self._run(members, rows, tokens))
+            batch.task = task
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            # bookkeeping in a callback, not a `finally`: a task cancelled before it started runs no code
+            task.add_done_callback(lambda done, m=members, t=tokens, b=batch: self._batch_done(done, m, t, b))
 
     def _next_batch(self) -> tuple[list[_Row], int]:
         """Take the batch that holds the oldest row out of the queue (rows in queue order, so the oldest
@@ -114,6 +165,7 @@ class BatchScheduler:
         queue = [row for row in self._queue if not row.caller.future.done()]
         if len(queue) < len(self._queue):
             self._metrics.queued(len(queue) - len(self._queue))
+            self._queued_tokens = sum(row.length for row in queue)
         if not queue:
             self._queue = []
             return [], 0
@@ -125,8 +177,10 @@ class BatchScheduler:
         members = sorted(members)[:take]  # a declared row count: the oldest rows go, the others wait
         chosen = set(members)
         self._queue = [row for i, row in enumerate(queue) if i not in chosen]
+        batch = [queue[i] for i in members]
+        self._queued_tokens -= sum(row.length for row in batch)
         self._metrics.queued(-len(members))
-        return [queue[i] for i in members], rows
+        return batch, rows
 
     def _tensors(self, batch: list[_Row], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """input_ids, attention_mask, token_type_ids of a batch, in a declared shape: dummy rows (one
@@ -147,12 +201,14 @@ class BatchScheduler:
         mask[len(batch):, 0] = 1
         return ids, mask, types
 
-    async def _run(self, batch: list[_Row], rows: int) -> None:
+    async def _run(self, batch: list[_Row], rows: int, tokens: int) -> None:
+        concurrency = self._in_flight  # batches sharing the step while this one runs
+        start = time.perf_counter()
         try:
             ids, mask, types = self._tensors(batch, rows)
-            self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=sum(row.length for row in batch),
-                                  waited=time.perf_counter() - batch[0].since)
-            outputs = await self._run_batch(ids, mask, types)
+            self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=tokens, waited=start - batch[0].since)
+            outputs = await self._run_batch(ids, mask, types, max(row.caller.deadline for row in batch))
+            self._measured(tokens * concurrency / max(time.perf_counter() - start, 1e-6))
             for row, output in zip(batch, outputs):
                 caller = row.caller
                 caller.outputs[row.index] = output
@@ -162,21 +218,30 @@ class BatchScheduler:
         except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about any failure
             if not isinstance(exc, GatewayError):
                 log.exception("batch of %s failed", self.name)
-                exc = GatewayError("internal error while running a batch")
+                exc = GatewayError(ErrorKind.INTERNAL, "internal error while running a batch")
             for row in batch:
                 if not row.caller.future.done():
                     row.caller.future.set_exception(exc)
-        finally:
-            self._in_flight -= 1
-            self._dispatch()
+
+    def _batch_done(self, task: asyncio.Task[None], batch: list[_Row], tokens: int, handle: _Batch) -> None:
+        self._tasks.discard(task)
+        self._in_flight -= 1
+        self._in_flight_tokens -= tokens
+        for caller in {id(row.caller): row.caller for row in batch}.values():
+            caller.batches.remove(handle)
+        self._dispatch()
+
+    def _measured(self, tokens_per_s: float) -> None:
+        old = self.tokens_per_s
+        self.tokens_per_s = tokens_per_s if old is None else old + _RATE_SMOOTHING * (tokens_per_s - old)
 
     async def close(self) -> None:
         """Fail what is queued and wait for running batches."""
         for row in self._queue:
             if not row.caller.future.done():
-                row.caller.future.set_exception(GatewayError("gateway is shutting down", status=503,
-                                                             type="shutting_down"))
+                row.caller.future.set_exception(unavailable("gateway is shutting down", type="shutting_down"))
         self._metrics.queued(-len(self._queue))
         self._queue = []
+        self._queued_tokens = 0
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

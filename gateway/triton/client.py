@@ -1,8 +1,16 @@
 """Async Triton gRPC client of one gateway worker: discovery calls, inference, shm pools.
 
-One `tritonclient.grpc.aio` channel per worker; every call carries a deadline. When Triton
-restarted (its shm registrations are gone), an inference that names a region fails; the
-client re-registers every region and retries that call once.
+One `tritonclient.grpc.aio` channel per worker. Every inference carries the caller's deadline,
+twice: as the gRPC deadline (the call is cancelled when it passes) and as Triton's request
+`timeout`, which the builder's queue policy honours (a request still queued when it expires
+is rejected instead of computed for nobody).
+
+Shared-memory regions live as long as Triton uses them: a region whose call was abandoned is
+unregistered again and again until Triton stops refusing ("in use"), then registered afresh
+and reused. When Triton restarted (its registrations are gone), a call that names a region
+fails; the first such failure of an epoch registers every region again, concurrent ones
+wait for it, and each retries once. A Triton that cannot open the regions (no shared IPC
+namespace) leaves the model on plain gRPC, with one warning.
 """
 
 from __future__ import annotations
@@ -10,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -22,12 +30,13 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from contract import INPUT_IDS, NUM_TOKENS, TEXT, TOKEN_INPUTS
-from gateway.api.errors import GatewayError, GatewayTimeout, TritonUnavailable
-from gateway.metrics import TRITON_LATENCY
+from gateway.errors import ErrorKind, GatewayError, unavailable
+from gateway.metrics import SHM_RETIRED, TRITON_LATENCY
 from gateway.settings import GatewaySettings
-from gateway.triton.shm_pool import RegionLayout, ShmPool, serialize_texts
+from gateway.triton.shm_pool import Region, RegionLayout, ShmPool, serialize_texts
 
 T = TypeVar("T")
+log = logging.getLogger("gateway.triton")
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,7 @@ class Output:
     width: int
     label: str
 
-log = logging.getLogger("gateway.triton")
+
 _MAX_MESSAGE = 2**31 - 1
 # Reconnect quickly after a Triton restart (gRPC's default backoff grows to 120 s).
 CHANNEL_ARGS = [
@@ -50,23 +59,41 @@ CHANNEL_ARGS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
+_RETIRE_POLL_S = (0.02, 1.0)  # first and longest wait between two unregister attempts of a retired region
 
 
 def translate_error(exc: InferenceServerException) -> GatewayError:
-    """Map a Triton/gRPC failure to the gateway's HTTP error."""
+    """Map a Triton/gRPC failure to a gateway error kind."""
     status = str(exc.status() or "")
     message = exc.message() or str(exc)
-    if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
-        return GatewayTimeout("Triton did not answer within the deadline")
-    if "UNAVAILABLE" in status or "failed to connect" in message.lower():
-        return TritonUnavailable("Triton is unavailable")
-    if "unknown model" in message.lower() or "not ready" in message.lower():
-        return TritonUnavailable(f"model not available in Triton: {message}", type="model_unavailable")
-    return GatewayError(f"Triton error: {message}", status=502, type="triton_error")
+    lower = message.lower()
+    if "DEADLINE_EXCEEDED" in status or "deadline exceeded" in lower:
+        return GatewayError(ErrorKind.TIMEOUT, "Triton did not answer within the deadline")
+    if "exceeds maximum queue size" in lower:
+        return GatewayError(ErrorKind.OVERLOADED, "the model's queue is full", type="overloaded", retry_after_s=1)
+    if "timeout expired" in lower:  # Triton's queue policy: the request waited past its timeout
+        return GatewayError(ErrorKind.TIMEOUT, "the request expired in Triton's queue")
+    if "UNAVAILABLE" in status or "failed to connect" in lower:
+        return unavailable("Triton is unavailable")
+    if "unknown model" in lower or "not ready" in lower or "not found" in lower and "model" in lower:
+        return unavailable(f"model not available in Triton: {message}", type="model_unavailable")
+    if "CANCELLED" in status:
+        return GatewayError(ErrorKind.TIMEOUT, "the Triton call was cancelled")
+    return GatewayError(ErrorKind.UPSTREAM, f"Triton error: {message}", type="triton_error")
 
 
 def _shm_missing(exc: InferenceServerException) -> bool:
     return "shared memory region" in (exc.message() or "").lower()
+
+
+def _in_use(exc: InferenceServerException) -> bool:
+    return "in use" in (exc.message() or "").lower()
+
+
+def _contract_mismatch(model: str, detail: str) -> GatewayError:
+    return GatewayError(
+        ErrorKind.UPSTREAM, f"{model} answered outside the repository contract: {detail}", type="contract_mismatch"
+    )
 
 
 class TritonClient:
@@ -77,7 +104,11 @@ class TritonClient:
         self.timeout = settings.triton_timeout_s
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
         self.pools: dict[str, ShmPool] = {}
+        self.epoch = 0  # registrations made by this worker; +1 each time they are made again
         self._register_lock = asyncio.Lock()
+        self._no_shm: set[str] = set()  # models whose regions Triton could not open
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed_pools: set[ShmPool] = set()
 
     # --- health and discovery -------------------------------------------------------
     async def server_ready(self) -> bool:
@@ -92,78 +123,180 @@ class TritonClient:
         except InferenceServerException:
             return False
 
-    async def ready_configs(self) -> list[model_config_pb2.ModelConfig]:
-        """Configs of every READY model in Triton's repository index."""
+    async def ready_index(self) -> list[tuple[str, str]]:
+        """(name, version) of every READY model in Triton's repository index."""
         try:
             index = await self.grpc.get_model_repository_index(client_timeout=self.timeout)
-            names = sorted({m.name for m in index.models if m.state == "READY"})
-            responses = await asyncio.gather(
-                *(self.grpc.get_model_config(n, client_timeout=self.timeout) for n in names)
-            )
         except InferenceServerException as exc:
             raise translate_error(exc) from None
-        return [r.config for r in responses]
+        return sorted({(m.name, m.version) for m in index.models if m.state == "READY"})
+
+    async def model_configs(self, names: list[str]) -> list[model_config_pb2.ModelConfig]:
+        """Configs of `names`; a model that went away in between is left out."""
+
+        async def one(name: str) -> model_config_pb2.ModelConfig | None:
+            try:
+                return (await self.grpc.get_model_config(name, client_timeout=self.timeout)).config
+            except InferenceServerException as exc:
+                error = translate_error(exc)
+                if error.type == "model_unavailable":
+                    return None
+                raise error from None
+
+        return [c for c in await asyncio.gather(*(one(n) for n in names)) if c is not None]
 
     # --- shared memory ----------------------------------------------------------------
     async def ensure_pool(self, triton_model: str, sizes: dict[str, int], regions: int) -> None:
-        """Create and register a pool of `regions` regions with slots of `sizes` bytes for `triton_model`,
-        unless it has one (no-op with shm=none)."""
-        if self.settings.shm == "none" or triton_model in self.pools:
-            return
-        s = self.settings
-        pool = ShmPool(s.shm_prefix, RegionLayout.of(sizes), regions, quarantine_s=s.triton_timeout_s + 1)
-        self.pools[triton_model] = pool
-        await self._register(pool)
+        """Give `triton_model` a registered pool of `regions` regions with slots of `sizes` bytes.
 
-    async def _register(self, pool: ShmPool) -> None:
-        for region in pool.regions:
+        A pool of another layout (the model was rebuilt) is replaced: its regions are unlinked
+        once their calls are done. No-op with shm=none or when Triton cannot open the regions."""
+        if self.settings.shm == "none" or triton_model in self._no_shm:
+            return
+        layout = RegionLayout.of(sizes)
+        current = self.pools.get(triton_model)
+        if current is not None and current.layout == layout:
+            return
+        pool = ShmPool(self.settings.shm_prefix, layout, regions)
+        pool.on_abandoned = lambda region: self._spawn(self._retire(pool, region))
+        pool.on_return_after_close = lambda region: self._spawn(self._unregister_and_destroy(pool, [region]))
+        try:
+            async with self._register_lock:
+                for region in pool.regions:
+                    await self._register(region)
+        except InferenceServerException as exc:
+            self._close_pool(pool)
+            if translate_error(exc).kind is ErrorKind.UNAVAILABLE:
+                raise translate_error(exc) from None
+            self._no_shm.add(triton_model)
+            log.warning("%s: Triton cannot use this worker's shared memory (%s); its tensors go over plain gRPC "
+                        "(do Triton and the gateway share /dev/shm, e.g. compose `ipc: service:triton`?)",
+                        triton_model, exc.message())
+            return
+        self.pools[triton_model] = pool
+        if current is not None:
+            log.info("%s: shm layout changed; replacing its pool", triton_model)
+            self._close_pool(current)
+
+    async def drop_pool(self, triton_model: str) -> None:
+        """Release the pool of a model that is no longer served."""
+        pool = self.pools.pop(triton_model, None)
+        if pool is not None:
+            self._close_pool(pool)
+
+    async def _register(self, region: Region) -> None:
+        try:
+            await self.grpc.unregister_system_shared_memory(region.name, client_timeout=self.timeout)
+        except InferenceServerException:
+            pass  # not registered: fine
+        await self.grpc.register_system_shared_memory(
+            region.name, region.key, region.layout.byte_size, client_timeout=self.timeout
+        )
+
+    def _close_pool(self, pool: ShmPool) -> None:
+        free = pool.close()
+        if len(free) < len(pool.regions):
+            self._closed_pools.add(pool)  # regions still out: unlinked as they come back, or at close()
+        self._spawn(self._unregister_and_destroy(pool, free))
+
+    async def _unregister_and_destroy(self, pool: ShmPool, regions: list[Region]) -> None:
+        for region in regions:
             try:
-                await self.grpc.unregister_system_shared_memory(region.name, client_timeout=self.timeout)
+                await self.grpc.unregister_system_shared_memory(region.name, client_timeout=2.0)
             except InferenceServerException:
                 pass
-            await self.grpc.register_system_shared_memory(
-                region.name, region.key, region.layout.byte_size, client_timeout=self.timeout
-            )
+        pool.destroy(regions)
+        if not pool.regions:
+            self._closed_pools.discard(pool)
 
-    async def reregister_all(self) -> None:
-        """Register every region again (after a Triton restart)."""
+    async def _retire(self, pool: ShmPool, region: Region) -> None:
+        """Take back an abandoned call's region once Triton no longer holds it (it refuses to unregister
+        a region while a request uses it), registered afresh."""
+        SHM_RETIRED.inc()
+        wait = _RETIRE_POLL_S[0]
+        while True:
+            try:
+                await self.grpc.unregister_system_shared_memory(region.name, client_timeout=self.timeout)
+                break
+            except InferenceServerException as exc:
+                if not _in_use(exc):  # Triton gone or restarted: nobody holds the region any more
+                    break
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, _RETIRE_POLL_S[1])
+        try:
+            if not pool.closed:
+                await self.grpc.register_system_shared_memory(
+                    region.name, region.key, region.layout.byte_size, client_timeout=self.timeout
+                )
+        except InferenceServerException:
+            pass  # registered by a concurrent re-registration, or Triton is down: the next call finds out
+        SHM_RETIRED.dec()
+        pool.give_back(region)
+
+    async def _reregister_all(self, seen_epoch: int) -> None:
+        """Register every region again (after a Triton restart), once per epoch however many calls noticed."""
         async with self._register_lock:
+            if self.epoch != seen_epoch:
+                return  # a concurrent call already did it
             log.warning("re-registering %d shm pools with Triton", len(self.pools))
             try:
-                for pool in self.pools.values():
-                    await self._register(pool)
+                for pool in list(self.pools.values()):
+                    for region in list(pool.regions):
+                        await self._register(region)
             except InferenceServerException as exc:
                 raise translate_error(exc) from None
+            self.epoch += 1
 
     async def _with_reregister(self, call: Callable[[], Awaitable[T]]) -> T:
         """Run `call`; when Triton lost the shm registrations (restart), register again and retry once."""
         for attempt in (0, 1):
+            epoch = self.epoch
             try:
                 return await call()
             except InferenceServerException as exc:
                 if attempt == 0 and _shm_missing(exc) and self.pools:
-                    await self.reregister_all()
+                    await self._reregister_all(epoch)
                     continue
                 raise translate_error(exc) from None
         raise AssertionError("unreachable")
 
-    # --- inference --------------------------------------------------------------------
-    async def infer_ensemble(self, ensemble: str, texts: list[bytes], output: Output) -> tuple[np.ndarray, np.ndarray]:
-        """Run one chunk (<= max batch) through an ensemble: (outputs [n, width] fp32, num_tokens [n])."""
-        return await self._with_reregister(lambda: self._ensemble_once(ensemble, texts, output))
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-    async def _ensemble_once(self, ensemble: str, texts: list[bytes], output: Output) -> tuple[np.ndarray, np.ndarray]:
+    def _timeouts(self, deadline: float | None) -> tuple[float, int]:
+        """gRPC deadline (s) and Triton request timeout (us) of a call that must end by `deadline`."""
+        remaining = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
+        if remaining <= 0:
+            raise GatewayError(ErrorKind.TIMEOUT, "the request's deadline passed before Triton was called")
+        return remaining, max(1, int(remaining * 1e6))
+
+    # --- inference --------------------------------------------------------------------
+    async def infer_ensemble(
+        self, ensemble: str, texts: list[bytes], output: Output, deadline: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Run one chunk (<= max batch) through an ensemble: (outputs [n, width] fp32, num_tokens [n])."""
+        return await self._with_reregister(lambda: self._ensemble_once(ensemble, texts, output, deadline))
+
+    async def _ensemble_once(
+        self, ensemble: str, texts: list[bytes], output: Output, deadline: float | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         n, width, out_name = len(texts), output.width, output.name
+        client_timeout, timeout_us = self._timeouts(deadline)
         inp = grpcclient.InferInput(TEXT, [n, 1], "BYTES")
         outputs = [grpcclient.InferRequestedOutput(out_name), grpcclient.InferRequestedOutput(NUM_TOKENS)]
         pool = self.pools.get(ensemble)
         start = time.perf_counter()
-        async with pool.lease() if pool is not None else nullcontext() as region:
+        fits = pool is not None and pool.layout.fits({out_name: n * width * 4, NUM_TOKENS: n * 4})
+        async with pool.lease() if pool is not None and fits else nullcontext() as region:
             if region is None:  # no shm (GATEWAY_SHM=none) or every region busy: plain gRPC tensors
                 inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
-                result = await self.grpc.infer(ensemble, [inp], outputs=outputs, client_timeout=self.timeout)
+                result = await self.grpc.infer(
+                    ensemble, [inp], outputs=outputs, client_timeout=client_timeout, timeout=timeout_us
+                )
                 TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
-                return result.as_numpy(out_name).reshape(n, width), result.as_numpy(NUM_TOKENS).reshape(n)
+                return _as_rows(result, ensemble, out_name, n, width), _as_rows(result, ensemble, NUM_TOKENS, n, 1)[:, 0]
             payload = serialize_texts(texts)
             layout = region.layout
             if len(payload) <= layout.size(TEXT):
@@ -173,49 +306,63 @@ class TritonClient:
                 inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
             outputs[0].set_shared_memory(region.name, n * width * 4, layout.offset(out_name))
             outputs[1].set_shared_memory(region.name, n * 4, layout.offset(NUM_TOKENS))
-            await self.grpc.infer(ensemble, [inp], outputs=outputs, client_timeout=self.timeout)
+            await self.grpc.infer(ensemble, [inp], outputs=outputs, client_timeout=client_timeout, timeout=timeout_us)
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
             return region.read(out_name, np.float32, (n, width)), region.read(NUM_TOKENS, np.int32, (n,))
 
     async def infer_step(
-        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output
+        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output,
+        deadline: float | None = None,
     ) -> np.ndarray:
         """Run one batch of (input_ids, attention_mask, token_type_ids) [rows, width] int32 through a
         model step: outputs [rows, width_out] fp32."""
-        return await self._with_reregister(lambda: self._step_once(step, tensors, output))
+        return await self._with_reregister(lambda: self._step_once(step, tensors, output, deadline))
 
     async def _step_once(
-        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output
+        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output, deadline: float | None
     ) -> np.ndarray:
         rows, width = tensors[0].shape
+        client_timeout, timeout_us = self._timeouts(deadline)
         inputs = [grpcclient.InferInput(name, [rows, width], "INT32") for name in TOKEN_INPUTS]
         requested = grpcclient.InferRequestedOutput(output.name)
         pool = self.pools.get(step)
         start = time.perf_counter()
-        async with pool.lease() if pool is not None else nullcontext() as region:
-            if region is None or rows * width * 4 > region.layout.size(INPUT_IDS) \
-                    or rows * output.width * 4 > region.layout.size(output.name):
+        fits = pool is not None and pool.layout.fits({INPUT_IDS: rows * width * 4, output.name: rows * output.width * 4})
+        async with pool.lease() if pool is not None and fits else nullcontext() as region:
+            if region is None:
                 for inp, tensor in zip(inputs, tensors):
                     inp.set_data_from_numpy(tensor)
-                result = await self.grpc.infer(step, inputs, outputs=[requested], client_timeout=self.timeout)
+                result = await self.grpc.infer(
+                    step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us
+                )
                 TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
-                return result.as_numpy(output.name).reshape(rows, output.width)
+                return _as_rows(result, step, output.name, rows, output.width)
             for inp, name, tensor in zip(inputs, TOKEN_INPUTS, tensors):
                 inp.set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
             requested.set_shared_memory(region.name, rows * output.width * 4, region.layout.offset(output.name))
-            await self.grpc.infer(step, inputs, outputs=[requested], client_timeout=self.timeout)
+            await self.grpc.infer(step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us)
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
             return region.read(output.name, np.float32, (rows, output.width))
 
     # --- shutdown ---------------------------------------------------------------------
     async def close(self) -> None:
         """Unregister and unlink every region, then close the channel."""
-        for pool in self.pools.values():
-            for region in pool.regions:
-                try:
-                    await self.grpc.unregister_system_shared_memory(region.name, client_timeout=2.0)
-                except InferenceServerException:
-                    pass  # Triton gone: nothing registered any more
-            pool.destroy()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for pool in [*self.pools.values(), *self._closed_pools]:
+            pool.close()
+            await self._unregister_and_destroy(pool, list(pool.regions))
         self.pools.clear()
+        self._closed_pools.clear()
         await self.grpc.close()
+
+
+def _as_rows(result: grpcclient.InferResult, model: str, name: str, rows: int, width: int) -> np.ndarray:
+    """Output `name` as [rows, width], or a contract-mismatch error when Triton sent something else."""
+    array = result.as_numpy(name)
+    if array is None:
+        raise _contract_mismatch(model, f"no output {name!r}")
+    if array.size != rows * width:
+        raise _contract_mismatch(model, f"output {name!r} has shape {list(array.shape)}, expected [{rows}, {width}]")
+    return array.reshape(rows, width)

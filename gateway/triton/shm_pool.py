@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from multiprocessing import shared_memory as mpshm
@@ -24,6 +24,7 @@ import numpy as np
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import SHM_IN_USE, SHM_REGIONS
 
 log = logging.getLogger("gateway.shm")
@@ -56,6 +57,10 @@ class RegionLayout:
 
     def size(self, name: str) -> int:
         return self.slots[name][1]
+
+    def fits(self, sizes: dict[str, int]) -> bool:
+        """Whether tensors of these byte sizes fit their slots."""
+        return all(name in self.slots and size <= self.slots[name][1] for name, size in sizes.items())
 
 
 class Region:
@@ -93,6 +98,8 @@ class Region:
     def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
         """A copy of slot `name` as an array of `shape`."""
         count = int(np.prod(shape))
+        if count * np.dtype(dtype).itemsize > self.layout.size(name):
+            raise ValueError(f"{shape} {np.dtype(dtype)} does not fit slot {name!r} of {self.layout.size(name)}")
         return np.frombuffer(self.buffer, dtype, count, self.layout.offset(name)).reshape(shape).copy()
 
     def destroy(self) -> None:
@@ -103,64 +110,84 @@ class ShmPool:
     """Fixed set of regions for one Triton model; `lease()` borrows a free one or gives None.
 
     Never waiting for a region matters for throughput: a worker whose regions are all busy
-    sends the chunk as plain gRPC tensors instead of queueing behind the pool (waiting
+    sends the call as plain gRPC tensors instead of queueing behind the pool (waiting
     capped one worker near pool_size / round-trip time, measured in docs/benchmarks.md).
+
+    A region whose call was abandoned (cancelled, timed out) may still be read and written by
+    Triton, which goes on with the request. It is not reused until Triton is done with it:
+    it goes to `on_abandoned` (the client unregisters it, which Triton refuses while any request
+    holds the region, then registers it again) and comes back through `give_back`.
     """
 
-    def __init__(self, prefix: str, layout: RegionLayout, size: int, quarantine_s: float = 10.0) -> None:
+    def __init__(self, prefix: str, layout: RegionLayout, size: int) -> None:
         self.layout = layout
-        self.quarantine_s = quarantine_s
         self.regions = [Region(prefix, layout) for _ in range(size)]
-        self._free: asyncio.Queue[Region] = asyncio.Queue()
-        for region in self.regions:
-            self._free.put_nowait(region)
+        self.on_abandoned: Callable[[Region], None] = self.give_back
+        self.on_return_after_close: Callable[[Region], None] = self._destroy
+        self.closed = False
+        self._free: list[Region] = list(self.regions)
         SHM_REGIONS.inc(size)
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Region | None]:
-        """Borrow a region for one Triton call (None when all are busy); it returns afterwards.
-
-        When the call was abandoned (cancelled, timed out) Triton may still write into the
-        region, so it rejoins the pool only after `quarantine_s`.
-        """
-        try:
-            region = self._free.get_nowait()
-        except asyncio.QueueEmpty:
+        """Borrow a region for one Triton call (None when all are busy or the pool is closed)."""
+        if not self._free or self.closed:
             yield None
             return
+        region = self._free.pop()
         SHM_IN_USE.inc()
         try:
             yield region
         except BaseException as exc:
-            if _abandoned(exc):
-                asyncio.get_running_loop().call_later(self.quarantine_s, self._free.put_nowait, region)
-            else:
-                self._free.put_nowait(region)
-            raise
-        else:
-            self._free.put_nowait(region)
-        finally:
             SHM_IN_USE.dec()
+            if _abandoned(exc):
+                self.on_abandoned(region)
+            else:
+                self.give_back(region)
+            raise
+        SHM_IN_USE.dec()
+        self.give_back(region)
+
+    def give_back(self, region: Region) -> None:
+        """Return a region to the free list (or unlink it, once the pool is closed)."""
+        if self.closed:
+            self.on_return_after_close(region)
+        else:
+            self._free.append(region)
 
     @property
     def free(self) -> int:
         """Regions not leased right now."""
-        return self._free.qsize()
+        return len(self._free)
 
-    def destroy(self) -> None:
-        """Unmap and unlink every region (after unregistering them from Triton)."""
-        for region in self.regions:
-            try:
-                region.destroy()
-            except Exception:  # noqa: BLE001 - keep unlinking the others
-                log.warning("could not unlink shm region %s", region.key)
-        SHM_REGIONS.dec(len(self.regions))
-        self.regions = []
+    def close(self) -> list[Region]:
+        """Stop leasing; unlink the free regions now (those still out are unlinked on return).
+        Returns the free regions, for the caller to unregister from Triton first."""
+        self.closed = True
+        free, self._free = self._free, []
+        return free
+
+    def destroy(self, regions: list[Region]) -> None:
+        """Unmap and unlink `regions` (after unregistering them from Triton)."""
+        for region in regions:
+            self._destroy(region)
+
+    def _destroy(self, region: Region) -> None:
+        if region not in self.regions:
+            return
+        try:
+            region.destroy()
+        except Exception:  # noqa: BLE001 - keep unlinking the others
+            log.warning("could not unlink shm region %s", region.key)
+        SHM_REGIONS.dec()
+        self.regions.remove(region)
 
 
 def _abandoned(exc: BaseException) -> bool:
     if isinstance(exc, (asyncio.CancelledError, TimeoutError)):
         return True
+    if isinstance(exc, GatewayError):
+        return exc.kind is ErrorKind.TIMEOUT
     return isinstance(exc, InferenceServerException) and "DEADLINE_EXCEEDED" in str(exc.status())
 
 

@@ -7,6 +7,7 @@ tests can hold batches open and fail them at will; the real Triton path is in te
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from contract.batching import PAD_RATIO_LIMIT, Shapes, default_rows, default_widths, plan_batches
 from contract.tokenization import EncodedTexts
-from gateway.api.errors import GatewayError
+from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import BatchMetrics
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
 
@@ -91,17 +92,29 @@ class StepDouble:
 
     def __init__(self) -> None:
         self.batches: list[np.ndarray] = []
+        self.deadlines: list[float] = []
+        self.cancelled = 0
         self.gate = asyncio.Event()
         self.gate.set()
         self.fail_next = False
 
-    async def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+    async def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray, deadline: float) -> np.ndarray:
         self.batches.append(ids)
-        await self.gate.wait()
+        self.deadlines.append(deadline)
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
         if self.fail_next:
             self.fail_next = False
-            raise GatewayError("model step failed", status=502, type="triton_error")
+            raise GatewayError(ErrorKind.UPSTREAM, "model step failed", type="triton_error")
         return np.stack([ids[:, 0], mask.sum(1)], axis=1).astype(np.float32)
+
+
+def later(seconds: float = 60.0) -> float:
+    """A deadline `seconds` from now."""
+    return time.monotonic() + seconds
 
 
 def held_scheduler(**overrides: object) -> tuple[StepDouble, BatchScheduler]:
@@ -114,9 +127,9 @@ def held_scheduler(**overrides: object) -> tuple[StepDouble, BatchScheduler]:
 @pytest.mark.anyio
 async def test_rows_come_back_to_their_callers_in_order() -> None:
     step, scheduler = held_scheduler()
-    first = asyncio.create_task(scheduler.submit(encoded(5)))
+    first = asyncio.create_task(scheduler.submit(encoded(5), later()))
     await asyncio.sleep(0)
-    rest = [asyncio.create_task(scheduler.submit(encoded(*lengths))) for lengths in ([90, 3], [7], [100, 4, 60])]
+    rest = [asyncio.create_task(scheduler.submit(encoded(*lengths), later())) for lengths in ([90, 3], [7], [100, 4, 60])]
     await asyncio.sleep(0)
     assert len(step.batches) == 1 and scheduler.queued == 6  # one batch in flight, the rest wait
     step.gate.set()
@@ -130,10 +143,10 @@ async def test_rows_come_back_to_their_callers_in_order() -> None:
 @pytest.mark.anyio
 async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the_batch() -> None:
     step, scheduler = held_scheduler()
-    running = asyncio.create_task(scheduler.submit(encoded(4)))
+    running = asyncio.create_task(scheduler.submit(encoded(4), later()))
     await asyncio.sleep(0)
-    gone = asyncio.create_task(scheduler.submit(encoded(6, 6)))
-    kept = [asyncio.create_task(scheduler.submit(encoded(5))) for _ in range(3)]
+    gone = asyncio.create_task(scheduler.submit(encoded(6, 6), later()))
+    kept = [asyncio.create_task(scheduler.submit(encoded(5), later())) for _ in range(3)]
     await asyncio.sleep(0)
     gone.cancel()  # the caller timed out while queued
     step.fail_next = True  # the batch in flight fails
@@ -149,9 +162,9 @@ async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the
 @pytest.mark.anyio
 async def test_batches_keep_to_declared_shapes() -> None:
     step, scheduler = held_scheduler(shapes=Shapes(128, (16, 32, 64, 128), (1, 2, 4, 8)), max_rows=8)
-    first = asyncio.create_task(scheduler.submit(encoded(5)))
+    first = asyncio.create_task(scheduler.submit(encoded(5), later()))
     await asyncio.sleep(0)
-    five = [asyncio.create_task(scheduler.submit(encoded(3 + i))) for i in range(5)]  # 5 rows: 4 go, then 1
+    five = [asyncio.create_task(scheduler.submit(encoded(3 + i), later())) for i in range(5)]  # 5 rows: 4 go, then 1
     await asyncio.sleep(0)
     step.gate.set()
     assert (await first)[:, 1].tolist() == [5]
@@ -159,5 +172,49 @@ async def test_batches_keep_to_declared_shapes() -> None:
     assert [b.shape for b in step.batches] == [(1, 16), (4, 16), (1, 16)]
     assert step.batches[1][:, 0].tolist() == [1, 1, 1, 1]  # the four oldest, each its own real row
     step.batches.clear()
-    seven = await scheduler.submit(encoded(*range(20, 27)))  # 7 rows: one dummy row makes 8
+    seven = await scheduler.submit(encoded(*range(20, 27)), later())  # 7 rows: one dummy row makes 8
     assert seven[:, 1].tolist() == list(range(20, 27)) and [b.shape for b in step.batches] == [(8, 32)]
+
+
+@pytest.mark.anyio
+async def test_a_caller_that_cannot_be_served_in_time_is_refused_at_once() -> None:
+    step, scheduler = held_scheduler()
+    scheduler.tokens_per_s = 100.0  # as if measured: 100 tokens a second
+    running = asyncio.create_task(scheduler.submit(encoded(50), later()))  # 0.5 s of work ahead
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    with pytest.raises(GatewayError) as refused:
+        await scheduler.submit(encoded(40), later(0.6))  # 0.9 s of work, 0.6 s to go
+    assert refused.value.kind is ErrorKind.OVERLOADED and refused.value.retry_after_s is not None
+    assert time.monotonic() - started < 0.05 and scheduler.queued == 0  # nothing was queued for it
+    admitted = asyncio.create_task(scheduler.submit(encoded(10), later(5)))
+    await asyncio.sleep(0)
+    assert scheduler.queued == 1
+    step.gate.set()
+    assert (await running)[:, 1].tolist() == [50] and (await admitted)[:, 1].tolist() == [10]
+    assert scheduler.tokens_per_s is not None and scheduler.tokens_per_s != 100.0  # measured from the batches
+
+
+@pytest.mark.anyio
+async def test_a_running_batch_nobody_waits_for_is_cancelled_and_carries_the_latest_deadline() -> None:
+    step, scheduler = held_scheduler()
+    blocker = asyncio.create_task(scheduler.submit(encoded(4), later()))
+    await asyncio.sleep(0.01)
+    deadlines = [later(5), later(9)]
+    first = asyncio.create_task(scheduler.submit(encoded(5), deadlines[0]))
+    second = asyncio.create_task(scheduler.submit(encoded(6), deadlines[1]))
+    await asyncio.sleep(0.01)
+    assert len(step.batches) == 1 and scheduler.queued == 2
+    blocker.cancel()  # its only caller gave up: the batch is cancelled and the next one starts
+    await asyncio.sleep(0.01)
+    assert step.cancelled == 1 and len(step.batches) == 2
+    assert step.batches[1].shape[0] == 2 and step.deadlines[1] == deadlines[1]  # both callers, the later deadline
+    first.cancel()
+    await asyncio.sleep(0.01)
+    assert step.cancelled == 1  # the second caller still waits for it
+    second.cancel()
+    await asyncio.sleep(0.01)
+    assert step.cancelled == 2  # nobody waits: the call is cancelled
+    step.gate.set()
+    third = await scheduler.submit(encoded(7), later())
+    assert third[:, 1].tolist() == [7] and scheduler.queued == 0

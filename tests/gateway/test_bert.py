@@ -25,7 +25,7 @@ TEXTS = [
     "the movie was great",
     "terrible plot and bad acting",
     "it was fine i guess",
-    "",
+    " ",  # whitespace only: no word tokens, just the special ones
     "hello world " * 40,  # over max_seq_len: truncated
     "a",
     "one more sentence to make seven",

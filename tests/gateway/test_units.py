@@ -14,7 +14,7 @@ from gateway.api.schemas import ClassifyRequest, OpenAIEmbeddingRequest
 from gateway.service.classify import softmax
 from gateway.service.embed import l2_normalize
 from gateway.settings import GatewaySettings
-from gateway.triton.shm_pool import RegionLayout, ShmPool, serialize_texts
+from gateway.triton.shm_pool import Region, RegionLayout, ShmPool, serialize_texts
 from tests.gateway.conftest import shm_segments
 
 
@@ -65,24 +65,33 @@ def test_layout_is_aligned_and_disjoint() -> None:
 
 
 @pytest.mark.anyio
-async def test_pool_leases_never_waits_quarantines_and_unlinks() -> None:
+async def test_pool_leases_never_waits_holds_back_abandoned_regions_and_unlinks() -> None:
     prefix = "gwunitpool"
-    pool = ShmPool(prefix, RegionLayout.of({"text": 64, "logits": 16, "num_tokens": 8}), size=1, quarantine_s=0.2)
-    assert len(shm_segments(prefix)) == 1
-    async with pool.lease() as region:
-        assert region is not None and pool.free == 0
+    pool = ShmPool(prefix, RegionLayout.of({"text": 64, "logits": 16, "num_tokens": 8}), size=2)
+    abandoned: list[Region] = []
+    pool.on_abandoned = abandoned.append  # the client unregisters it until Triton lets go, then gives it back
+    assert len(shm_segments(prefix)) == 2
+    async with pool.lease() as region, pool.lease() as other:
+        assert region is not None and other is not None and pool.free == 0
         async with pool.lease() as busy:
-            assert busy is None  # the only region is leased: the caller goes over plain gRPC
-    assert pool.free == 1
-    async with pool.lease() as again:
-        assert again is region
+            assert busy is None  # every region is leased: the caller goes over plain gRPC
+    assert pool.free == 2
     with pytest.raises(asyncio.CancelledError):
-        async with pool.lease():
-            raise asyncio.CancelledError  # abandoned call: Triton might still write into it
-    assert pool.free == 0
-    await asyncio.sleep(0.3)
-    assert pool.free == 1
-    pool.destroy()
+        async with pool.lease() as gone:
+            raise asyncio.CancelledError  # abandoned call: Triton may still read and write the region
+    assert abandoned == [gone] and pool.free == 1
+    with pytest.raises(ValueError, match="not fit"):
+        gone.write("logits", b"x" * 65)  # every write and read is bound-checked against its slot
+    with pytest.raises(ValueError, match="not fit"):
+        gone.read("num_tokens", np.float32, (17,))
+    pool.give_back(gone)
+    assert pool.free == 2
+    async with pool.lease() as leased:
+        assert pool.close() and pool.free == 0  # closed: the free region is handed out for unlinking
+        async with pool.lease() as none:
+            assert none is None
+    assert leased not in pool.regions  # unlinked when its call returned
+    pool.destroy(list(pool.regions))
     assert shm_segments(prefix) == []
 
 
@@ -99,7 +108,7 @@ def test_stale_segment_of_a_crashed_gateway_is_replaced() -> None:
         pool = ShmPool(prefix, layout, size=1)
         assert pool.regions[0].name == stale.name
         assert len(pool.regions[0].buffer) >= layout.byte_size  # a new, full-size segment
-        pool.destroy()
+        pool.destroy(list(pool.regions))
     finally:
         stale.close()
     assert shm_segments(prefix) == []
@@ -117,4 +126,5 @@ def test_env_example_lists_every_setting_with_its_default() -> None:
         assert name.upper() in listed, name
         value = getattr(defaults, name)
         shown = ",".join(value) if isinstance(value, list) else "" if value is None else str(value)
+        shown = shown.lower() if isinstance(value, bool) else shown
         assert listed[name.upper()] == shown, name
