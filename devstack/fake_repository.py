@@ -1,10 +1,10 @@
 """A tiny Triton repository with the ensemble interface of docs/contract.md and no real model (tests, benchmarks).
 
 `fake_onnx` (python backend) turns each text into a deterministic vector (`fake_vector`) and
-counts whitespace words + 2 as `num_tokens`; `fakecls_onnx_ensemble` (classify) and
-`fakeemb_onnx_ensemble` (embed) wrap it exactly like the builder's ensembles. Tests use it
-where the exact numbers matter more than a real BERT (order, shm bytes, restarts), and the
-builder's tiny BERT repository where predictions must match PyTorch.
+counts whitespace words + 2 as `num_tokens` (a text `sleep:SECONDS ...` makes it sleep first);
+`fakecls_onnx_ensemble` (classify) and `fakeemb_onnx_ensemble` (embed) wrap it exactly like the
+builder's ensembles. Tests use it where the exact numbers matter more than a real BERT (order, shm
+bytes, restarts), and the builder's tiny BERT repository where predictions must match PyTorch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ MAX_SEQ_LEN = 16
 
 MODEL_PY = '''
 import json
+import time
 import zlib
 
 import numpy as np
@@ -44,6 +45,9 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             texts = pb_utils.get_input_tensor_by_name(request, "text").as_numpy().reshape(-1)
+            for t in texts:
+                if bytes(t).startswith(b"sleep:"):  # tests: a call that keeps Triton busy for a while
+                    time.sleep(float(bytes(t)[6:].split()[0]))
             out = np.stack([fake_vector(bytes(t), self.width) for t in texts])
             ntok = np.array([[len(bytes(t).split()) + 2] for t in texts], dtype=np.int32)
             responses.append(pb_utils.InferenceResponse([

@@ -56,6 +56,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         request_id_header=settings.request_id_header,
         max_in_flight=settings.max_in_flight,
         max_body_bytes=settings.max_body_bytes,
+        api_keys=settings.api_keys,
     )
     return app
 

@@ -50,6 +50,10 @@ class GatewaySettings(BaseSettings):
         1024, ge=0, description="A request of at most this many characters that finds the tokenizer idle is "
         "tokenized inline; others are tokenized together with concurrent ones in a worker thread.",
     )
+    max_queue_wait_s: float = Field(
+        2.0, gt=0, description="Scheduler: admit a request only when its texts are expected to start within this "
+        "many seconds (and within 80% of its remaining deadline); else 503 `overloaded` with Retry-After at once.",
+    )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")
     startup_timeout_s: float = Field(5.0, gt=0, description="How long start-up waits for Triton before serving.")

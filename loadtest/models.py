@@ -30,6 +30,8 @@ class BertShape(BaseModel):
 SHAPES: dict[str, BertShape] = {
     "tiny": BertShape(hidden=32, layers=2, heads=2, intermediate=64),
     "small": BertShape(hidden=128, layers=2, heads=2, intermediate=512),
+    # heavy enough on the 2-core CI machine that Triton, not the gateway, is the bottleneck (overload tests)
+    "medium": BertShape(hidden=256, layers=6, heads=4, intermediate=1024, max_positions=128),
     "base": BertShape(hidden=768, layers=12, heads=12, intermediate=3072),
 }
 

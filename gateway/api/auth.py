@@ -1,12 +1,20 @@
-"""Optional bearer API keys (off when GATEWAY_API_KEYS is empty); keys are never logged."""
+"""Optional bearer API keys (off when GATEWAY_API_KEYS is empty); keys are never logged.
+
+Checked by the request-context middleware before the body is read, so a client without a key
+costs no body parsing. Health, readiness, metrics and the docs stay public (TEI's split).
+"""
 
 from __future__ import annotations
 
 import hmac
 
-from fastapi import Request
-
 from gateway.errors import ErrorKind, GatewayError
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json"})
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith("/docs/")
 
 
 def key_matches(supplied: bytes, keys: list[str]) -> bool:
@@ -17,13 +25,13 @@ def key_matches(supplied: bytes, keys: list[str]) -> bool:
     return matched
 
 
-async def require_api_key(request: Request) -> None:
-    """FastAPI dependency: 401 unless `Authorization: Bearer <key>` names a configured key."""
-    keys: list[str] = request.app.state.runtime.settings.api_keys
+def check_api_key(authorization: str, keys: list[str]) -> GatewayError | None:
+    """None when `keys` is empty or the `Authorization: Bearer <key>` header names one, else the 401."""
     if not keys:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return None
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer API key")
+        return GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer API key")
     if not key_matches(token.strip().encode(), keys):
-        raise GatewayError(ErrorKind.UNAUTHORIZED, "invalid API key")
+        return GatewayError(ErrorKind.UNAUTHORIZED, "invalid API key")
+    return None

@@ -64,6 +64,7 @@ async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
     unicode = next((e for e in errors if e.get("type") == "string_unicode"), None)
     if unicode is not None:  # JSON may escape a lone UTF-16 surrogate ("\ud800"): no Unicode text has one
         where = ".".join(str(p) for p in unicode.get("loc", ()) if p != "body" and "str" not in str(p))
+        where = where or "a field name"  # an unknown key holding a surrogate has no location of its own
         return error_response(400, "invalid_unicode", f"{where}: text is not valid Unicode (a lone surrogate)")
     parts = []
     for e in errors[:5]:
@@ -72,8 +73,21 @@ async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
     return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
 
 
+def _unparsable_body(cause: BaseException | None) -> str:
+    """Why FastAPI could not parse a JSON body, where json.loads raised something else than a JSONDecodeError."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"request body is not valid JSON: not UTF-8 text (invalid byte at position {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "request body is not valid JSON for this API: nested too deeply"
+    if isinstance(cause, ValueError):  # e.g. an integer literal of more than 4300 digits
+        return "request body is not valid JSON for this API: a number too long"
+    return "request body is not valid JSON"
+
+
 async def _http_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:  # FastAPI's "There was an error parsing the body" (the only 400 HTTPException here)
+        return error_response(400, "invalid_json", _unparsable_body(exc.__cause__))
     kind = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, kind, str(exc.detail))
 

@@ -1,8 +1,10 @@
-"""Pure-ASGI middleware: request id, body size limit (413), in-flight limit (429), the last-resort
-500 (with the request id), per-request metrics and one log line."""
+"""Pure-ASGI middleware: request id, API key (401), body size limit (413), in-flight limit (429),
+cancelling the work of a client that disconnected, the last-resort 500 (with the request id),
+per-request metrics and one log line."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -11,7 +13,8 @@ import uuid
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.errors import error_response
+from gateway.api.auth import check_api_key, is_public
+from gateway.api.errors import error_response, gateway_error_response
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
 
 log = logging.getLogger("gateway.access")
@@ -33,16 +36,23 @@ def request_id(scope: Scope, header: bytes) -> str:
     return value.decode("ascii") if _SAFE_REQUEST_ID.fullmatch(value) else uuid.uuid4().hex
 
 
+def header(scope: Scope, name: bytes) -> str:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), "")
+
+
 def declared_length(scope: Scope) -> int | None:
-    value = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-    return int(value) if value is not None and value.isdigit() else None
+    value = header(scope, b"content-length")
+    return int(value) if value.isdigit() else None
 
 
 class RequestContextMiddleware:
     """Wraps every HTTP request; handlers put `model`/`inputs` into `request.state`."""
 
-    def __init__(self, app: ASGIApp, *, request_id_header: str, max_in_flight: int, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, request_id_header: str, max_in_flight: int, max_body_bytes: int, api_keys: list[str]
+    ) -> None:
         self.app = app
+        self.api_keys = api_keys
         self.header = request_id_header.lower().encode()
         self.header_name = request_id_header.encode()
         self.max_in_flight = max_in_flight
@@ -56,33 +66,49 @@ class RequestContextMiddleware:
         rid = request_id(scope, self.header)
         rid_header = (self.header_name, rid.encode("ascii"))
         status = 500
-        started = False
+        started = finished = disconnected = False
+        received = 0
+        watcher: asyncio.Task[None] | None = None
+        handler = asyncio.current_task()
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, started
+            nonlocal status, started, finished
             if message["type"] == "http.response.start":
                 status, started = message["status"], True
                 message["headers"] = [*message.get("headers", ()), rid_header]
+            elif not message.get("more_body", False):
+                finished = True  # before sending: the server reports the completed response as a disconnect
             await send(message)
 
         async def reply(status_: int, type_: str, message: str, retry_after_s: float | None = None) -> None:
             await error_response(status_, type_, message, retry_after_s)(scope, receive, send_with_id)
 
-        received = 0
+
+        async def watch_disconnect() -> None:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect" and not finished and handler is not None:
+                disconnected = True
+                handler.cancel()  # the client left: stop its queued rows and Triton calls
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, watcher
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
                     raise BodyTooLarge(self.max_body_bytes)
+                if not message.get("more_body", False):  # whole body read: from now on only a disconnect comes
+                    watcher = asyncio.get_running_loop().create_task(watch_disconnect())
             return message
 
         start = time.perf_counter()
         too_large = f"request body over the limit of {self.max_body_bytes} bytes"
         length = declared_length(scope)
-        if length is not None and length > self.max_body_bytes:
+        denied = None if is_public(scope["path"]) else check_api_key(header(scope, b"authorization"), self.api_keys)
+        if denied is not None:
+            await gateway_error_response(denied)(scope, receive, send_with_id)
+        elif length is not None and length > self.max_body_bytes:
             await reply(413, "body_too_large", too_large)
         elif self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
             await reply(429, "rate_limited", "too many requests in flight", retry_after_s=1)
@@ -94,11 +120,19 @@ class RequestContextMiddleware:
             except BodyTooLarge:
                 if not started:
                     await reply(413, "body_too_large", too_large)
+            except asyncio.CancelledError:
+                if not disconnected:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                status = 499  # nginx's "client closed request": nobody to answer
             except Exception:
                 log.exception("unhandled error", extra={"request_id": rid})
                 if not started:
                     await reply(500, "internal_error", "internal error")
             finally:
+                finished = True
+                if watcher is not None:
+                    watcher.cancel()
                 self.in_flight -= 1
                 IN_FLIGHT.dec()
         self._record(scope, rid, status, time.perf_counter() - start)

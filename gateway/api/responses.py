@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.responses import Response
+from starlette.responses import JSONResponse
 
 
-class OrjsonResponse(Response):
-    """JSON via orjson; numpy arrays are written without a Python-list detour."""
+class OrjsonResponse(JSONResponse):
+    """JSON via orjson; numpy arrays are written without a Python-list detour. A JSONResponse, so that
+    FastAPI's OpenAPI documents the bodies of routes answering with it as JSON."""
 
     media_type = "application/json"
 

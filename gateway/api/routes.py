@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import PlainTextResponse
 from starlette.responses import Response
 
-from gateway.api.auth import require_api_key
 from gateway.api.responses import OrjsonResponse
 from gateway.api.schemas import (
     ClassifyRequest,
@@ -19,9 +19,11 @@ from gateway.api.schemas import (
     EmbedRequest,
     EmbedResponse,
     ErrorResponse,
+    Health,
     ModelList,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
+    Readiness,
 )
 from gateway.errors import ErrorKind, GatewayError, invalid
 from gateway.metrics import TOKENS, render_latest
@@ -47,7 +49,7 @@ async def require_json(request: Request) -> None:
         )
 
 
-api = APIRouter(dependencies=[Depends(require_api_key), Depends(require_json)], responses=_ERRORS)
+api = APIRouter(dependencies=[Depends(require_json)], responses=_ERRORS)  # API keys: api/middleware.py
 ops = APIRouter()
 
 
@@ -170,13 +172,13 @@ async def models_route(request: Request) -> Response:
     return OrjsonResponse({"object": "list", "data": cards})
 
 
-@ops.get("/healthz", response_class=OrjsonResponse)
+@ops.get("/healthz", response_class=OrjsonResponse, response_model=Health)
 async def healthz() -> Response:
     """The process is alive."""
     return OrjsonResponse({"status": "ok"})
 
 
-@ops.get("/readyz", response_class=OrjsonResponse)
+@ops.get("/readyz", response_class=OrjsonResponse, response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request) -> Response:
     """200 when Triton is ready and every served model is loaded, else 503."""
     runtime = _runtime(request)
@@ -185,7 +187,7 @@ async def readyz(request: Request) -> Response:
     return OrjsonResponse(body, status_code=200 if ready else 503)
 
 
-@ops.get("/metrics")
+@ops.get("/metrics", response_class=PlainTextResponse)
 async def metrics() -> Response:
     """Prometheus exposition of the gateway's metrics (all workers)."""
     data, content_type = render_latest()

@@ -112,6 +112,17 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    """`GET /readyz`: 200 "ready", or 503 "not ready" (Triton down, no model, or a model not loaded)."""
+
+    status: Literal["ready", "not ready"]
+    models: list[str]
+
+
 class ErrorBody(BaseModel):
     type: str
     message: str

@@ -61,6 +61,7 @@ class TokenPipeline:
     sha256: str
     scheduler: BatchScheduler
     metrics: BatchMetrics
+    output: Output
 
 
 def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -> int:
@@ -90,6 +91,7 @@ class Inference:
         self.encoders: dict[str, TextEncoder] = {}  # ensemble-pipeline models the gateway can count tokens for
         self._on_model_gone = on_model_gone
         self._fallback_logged: set[str] = set()
+        self._retiring: set[asyncio.Task[None]] = set()  # schedulers of rebuilt steps, closing
 
     def pipeline_of(self, model: ServedModel, endpoint: Endpoint) -> str:
         """`scheduler` or `ensemble`: how requests for this endpoint run."""
@@ -141,16 +143,20 @@ class Inference:
         self.encoders = {}
         for model in models:
             for endpoint in model.endpoints.values():
-                if s.pipeline == "scheduler" and endpoint.step_model:
-                    pipeline = self._pipeline(model, endpoint)
-                    if pipeline is not None:
+                try:
+                    if s.pipeline == "scheduler" and endpoint.step_model and self._pipeline(model, endpoint):
                         wanted.add(endpoint.step_model)
                         pooled.add(endpoint.step_model)
                         await self._ensure_step_pool(model, endpoint)
                         continue
-                pooled.add(endpoint.triton_model)
-                await self._ensure_ensemble_pool(model, endpoint)
-                self._remember_encoder(model)
+                    pooled.add(endpoint.triton_model)
+                    self._remember_encoder(model)
+                    await self._ensure_ensemble_pool(model, endpoint)
+                except GatewayError:
+                    raise  # Triton itself is unavailable: this refresh fails as a whole
+                except Exception:  # noqa: BLE001 - one endpoint's trouble must not stop the others
+                    log.exception("%s: could not set up shared memory for %s; its tensors go over plain gRPC",
+                                  model.name, endpoint.triton_model)
         for step in set(self.pipelines) - wanted:
             await self.pipelines.pop(step).scheduler.close()
         for name in set(self.client.pools) - pooled:
@@ -166,9 +172,14 @@ class Inference:
                 pass
 
     def _pipeline(self, model: ServedModel, endpoint: Endpoint) -> TokenPipeline | None:
+        """The endpoint's scheduler pipeline, made or remade when the tokenizer, the batch policy or the
+        output changed (a rebuilt model); None when the gateway cannot tokenize for it."""
         current = self.pipelines.get(endpoint.step_model)
         sha = model.tokenizer.sha256 if model.tokenizer else ""
-        if current is not None and current.sha256 == sha:
+        policy = self._policy(model, endpoint)
+        output = Output(model.output_name, model.output_width, model.name)
+        same_step = current is not None and current.scheduler.policy == policy and current.output == output
+        if same_step and current is not None and current.sha256 == sha:
             return current
         try:
             encoder = load_encoder(self.settings.repository, model)
@@ -181,21 +192,23 @@ class Inference:
                 log.warning("%s: the gateway cannot tokenize itself (%s); requests go to Triton's ensemble %s",
                             model.name, exc, endpoint.triton_model)
             return None
-        policy = self._policy(model, endpoint)
-        output = Output(model.output_name, model.output_width, model.name)
         step = endpoint.step_model
 
         async def run_batch(ids: np.ndarray, mask: np.ndarray, types: np.ndarray, deadline: float) -> np.ndarray:
             return await self.client.infer_step(step, (ids, mask, types), output, deadline)
 
-        if current is not None:  # the tokenizer changed: new encoder, same queue
+        if same_step and current is not None:  # only the tokenizer changed: new encoder, same queue
             current.tokenizer.encoder, current.sha256 = encoder, sha
             return current
         metrics = BatchMetrics(model.name)
         tokenizer = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
         scheduler = BatchScheduler(step, model.output_width, policy, run_batch, metrics)
-        pipeline = TokenPipeline(tokenizer, sha, scheduler, metrics)
+        pipeline = TokenPipeline(tokenizer, sha, scheduler, metrics, output)
         self.pipelines[step] = pipeline
+        if current is not None:  # rebuilt step: what runs finishes, what waits is refused (503, retry)
+            task = asyncio.get_running_loop().create_task(current.scheduler.close())
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
         log.info("%s: scheduler pipeline on %s (%s)", model.name, step, policy)
         return pipeline
 
@@ -216,6 +229,7 @@ class Inference:
             shapes=Shapes(model.max_seq_len, widths, rows),
             call_cost_tokens=_CALL_COST_TOKENS["GPU" if endpoint.step_on_gpu else "CPU"] if cost is None else cost,
             pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0,
+            max_queue_wait_s=s.max_queue_wait_s,
         )
 
     async def _ensure_step_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
@@ -236,6 +250,7 @@ class Inference:
         await self.client.ensure_pool(endpoint.triton_model, sizes, s.shm_pool_size)
 
     async def close(self) -> None:
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         for pipeline in self.pipelines.values():
             await pipeline.scheduler.close()
         self.pipelines.clear()

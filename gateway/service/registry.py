@@ -102,6 +102,16 @@ def _on_gpu(config: model_config_pb2.ModelConfig) -> bool:
     )
 
 
+def _labels(text: str) -> tuple[str, ...]:
+    """A classifier's labels: a JSON list of distinct non-empty strings (they key each prediction's scores)."""
+    labels = orjson.loads(text)
+    if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels) or (
+        len(set(labels)) != len(labels)
+    ):
+        raise ValueError(f"labels must be a JSON list of distinct non-empty strings, not {text[:80]!r}")
+    return tuple(labels)
+
+
 def parse_ensemble(
     config: model_config_pb2.ModelConfig, others: dict[str, model_config_pb2.ModelConfig] | None = None
 ) -> tuple[ServedModel, Endpoint] | None:
@@ -121,11 +131,13 @@ def parse_ensemble(
         name=params.get(Param.MODEL_NAME) or config.name,
         task=task,  # type: ignore[arg-type]
         max_seq_len=int(params.get(Param.MAX_SEQ_LEN, "512")),
-        labels=tuple(orjson.loads(params[Param.LABELS])) if task == "classify" else (),
+        labels=_labels(params[Param.LABELS]) if task == "classify" else (),
         embedding_dim=int(params.get(Param.EMBEDDING_DIM, "0")),
         pooling=params.get(Param.POOLING, ""),
         source=params.get(Param.SOURCE, ""),
     )
+    if model.max_seq_len <= 0:
+        raise ValueError(f"max_seq_len {model.max_seq_len} is not positive")
     if model.output_width <= 0:
         log.warning("ensemble %s has no labels/embedding_dim; skipped", config.name)
         return None

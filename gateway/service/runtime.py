@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import logging
 
+from tritonclient.grpc import model_config_pb2
+
 from gateway.errors import GatewayError
 from gateway.service.inference import Inference
 from gateway.service.registry import Registry, ServedModel, Task
@@ -27,6 +29,7 @@ class Runtime:
         self._refresh_lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
         self._soon: asyncio.Task[None] | None = None
+        self._synced: list[model_config_pb2.ModelConfig] | None = None  # the configs the pipelines follow
 
     async def start(self) -> None:
         """Discover models (when Triton is not there yet, serve anyway) and keep following the repository."""
@@ -38,19 +41,24 @@ class Runtime:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def refresh(self) -> None:
-        """Re-read the served models from Triton once, however many callers ask at the same time;
-        configs are fetched only when Triton's index of ready models changed."""
+        """Re-read the served models from Triton once, however many callers ask at the same time.
+
+        The configs are read every time: a model rebuilt in place (same name and version, e.g. new
+        labels, batch size or tokenizer, then a Triton restart or reload) changes no index entry.
+        The registry and pipelines are rebuilt only when the index or a config changed, or when
+        the last rebuild failed part-way."""
         seen = self.registry.generation
         async with self._refresh_lock:
             if self.registry.generation != seen:
                 return  # refreshed while this caller waited for the lock
             index = await self.client.ready_index()
-            if index == self.registry.index:
+            configs = await self.client.model_configs([name for name, _ in index])
+            if index == self.registry.index and configs == self._synced:
                 self.registry.touch()
                 return
-            configs = await self.client.model_configs([name for name, _ in index])
             self.registry.replace(configs, index)
             await self.inference.sync(list(self.registry.models.values()))
+            self._synced = configs
 
     async def _watch(self) -> None:
         while True:
@@ -59,7 +67,7 @@ class Runtime:
                 await self.refresh()
             except GatewayError as exc:
                 log.debug("background model discovery failed: %s", exc.message)
-            except Exception:  # noqa: BLE001 - the watcher must outlive any one failure
+            except Exception:  # the watcher must outlive any one failure
                 log.exception("background model discovery failed")
 
     def _refresh_soon(self) -> None:

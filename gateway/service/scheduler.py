@@ -48,6 +48,7 @@ class BatchPolicy:
     shapes: Shapes  # the widths and row counts batches take (the step's declared ones, or any)
     call_cost_tokens: int  # what one more model call costs, in tokens (contract/batching.py)
     pad_id: int
+    max_queue_wait_s: float = 2.0  # admit only what is expected to be served within this (and its deadline)
 
 
 class _Batch:
@@ -124,12 +125,12 @@ class BatchScheduler:
         could not be served before `deadline` (time.monotonic())."""
         lengths = int(encoded.num_tokens.clip(max=self.policy.shapes.max_width).sum())
         wait = self.expected_wait_s(lengths)
-        remaining = deadline - time.monotonic()
-        if wait > ADMIT_FRACTION * remaining:
+        allowed = min(self.policy.max_queue_wait_s, ADMIT_FRACTION * (deadline - time.monotonic()))
+        if wait > allowed:
             raise GatewayError(
                 ErrorKind.OVERLOADED,
-                f"{self.name} is overloaded: about {wait:.1f}s of queued work, more than this request's deadline allows",
-                type="overloaded", retry_after_s=max(1.0, wait - ADMIT_FRACTION * remaining),
+                f"{self.name} is overloaded: about {wait:.1f}s of work ahead, over the {allowed:.1f}s this request may wait",
+                type="overloaded", retry_after_s=max(1.0, wait - allowed),
             )
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline)

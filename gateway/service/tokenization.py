@@ -52,7 +52,10 @@ class TokenizerQueue:
     """Tokenizes for one model off the event loop: the texts of concurrent requests are encoded
     together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and
     runs on several cores), while the next requests gather behind it. A small request that finds
-    the tokenizer idle is encoded inline: at low load that is quicker than a thread hop."""
+    the tokenizer idle is encoded inline: at low load that is quicker than a thread hop. A very long
+    request is encoded in a thread of its own, so that the short ones never wait behind it."""
+
+    SOLO_CHARS = 32_768
 
     def __init__(self, encoder: TextEncoder, inline_chars: int) -> None:
         self.encoder = encoder
@@ -62,7 +65,10 @@ class TokenizerQueue:
 
     async def encode(self, texts: list[str]) -> EncodedTexts:
         """Token ids of `texts` under the contract's rule."""
-        if not self._busy and not self._waiting and sum(map(len, texts)) <= self.inline_chars:
+        chars = sum(map(len, texts))
+        if chars > self.SOLO_CHARS:
+            return await asyncio.to_thread(self.encoder.encode, texts)
+        if not self._busy and not self._waiting and chars <= self.inline_chars:
             return self.encoder.encode(texts)
         future: asyncio.Future[EncodedTexts] = asyncio.get_running_loop().create_future()
         self._waiting.append((texts, future))

@@ -72,7 +72,9 @@ class Region:
         self.layout = layout
         try:
             self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
-        except shm.SharedMemoryException:
+        except shm.SharedMemoryException as exc:
+            if not isinstance(exc.__cause__, FileExistsError):
+                raise
             # A segment of the same name survived a crashed gateway whose pid we now reuse
             # (e.g. a restarted container sharing Triton's /dev/shm): replace it.
             log.warning("replacing stale shm segment %s", self.key)
@@ -121,7 +123,14 @@ class ShmPool:
 
     def __init__(self, prefix: str, layout: RegionLayout, size: int) -> None:
         self.layout = layout
-        self.regions = [Region(prefix, layout) for _ in range(size)]
+        self.regions: list[Region] = []
+        try:
+            for _ in range(size):
+                self.regions.append(Region(prefix, layout))
+        except BaseException:
+            for region in self.regions:  # no half-made pool left in /dev/shm
+                region.destroy()
+            raise
         self.on_abandoned: Callable[[Region], None] = self.give_back
         self.on_return_after_close: Callable[[Region], None] = self._destroy
         self.closed = False

@@ -1,61 +1,97 @@
-"""Triton killed and restarted under traffic: 503 while it is down, then success, same gateway."""
+"""Triton killed and restarted under concurrent traffic: 503 while it is down, then correct answers
+(each caller's own vectors), same gateway, and no /dev/shm segment left behind by either side."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from devstack.fake_repository import EMBED_DIM, fake_vector
 from devstack.tritonserver import TritonServer
 from tests.gateway.conftest import running_gateway, shm_segments
 
 pytestmark = pytest.mark.anyio
 
+CALLERS = 8
+
 
 async def test_triton_restart_under_traffic(fake_repository: Path, tmp_path: Path) -> None:
-    prefix = "gwrestart"
-    server = TritonServer(repository=fake_repository, log_path=tmp_path / "triton.log").start()
+    prefix = f"gwrestart{secrets.token_hex(3)}"
+    server = TritonServer(repository=fake_repository, log_path=tmp_path / "triton.log")
+    await asyncio.to_thread(server.start)
     try:
+        assert server.shm_files(), "the python backend's regions should carry the server's own prefix"
         async with running_gateway(server.grpc_url, shm_prefix=prefix, shm_pool_size=2, triton_timeout_s=5) as (_, client):
             phase = "up"
             seen: list[tuple[str, int, str]] = []  # (phase the request started and ended in, status, type)
+            restarted_answers: list[tuple[float, int]] = []  # (seconds after the restart, status)
+            restarted_at = float("inf")
+            wrong: list[str] = []  # a 200 whose vectors are not those of its own texts, a 503 without Retry-After
             stop = asyncio.Event()
 
-            async def traffic() -> None:
+            async def traffic(caller: int) -> None:
+                n = 0
                 while not stop.is_set():
+                    n += 1
+                    texts = [f"caller {caller} request {n}", f"c{caller} r{n} two", f"{n} {caller} three words"]
                     started_in = phase
-                    r = await client.post("/embed", json={"model": "fakeemb", "inputs": ["a b", "c", "d e f"]})
+                    r = await client.post("/embed", json={"model": "fakeemb", "inputs": texts, "normalize": False})
                     kind = r.json()["error"]["type"] if r.status_code != 200 else ""
+                    if r.status_code == 503 and "retry-after" not in r.headers:
+                        wrong.append(f"caller {caller} request {n}: 503 without Retry-After")
+                    if r.status_code == 200:
+                        got = np.array(r.json()["embeddings"])
+                        want = np.stack([fake_vector(t, EMBED_DIM) for t in texts])
+                        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6):
+                            wrong.append(f"caller {caller} request {n} in phase {started_in}")
                     seen.append((started_in if started_in == phase else "crossing", r.status_code, kind))
+                    if started_in == "restarted":
+                        restarted_answers.append((time.monotonic() - restarted_at, r.status_code))
                     await asyncio.sleep(0.02)
 
-            task = asyncio.create_task(traffic())
+            tasks = [asyncio.create_task(traffic(c)) for c in range(CALLERS)]
             await asyncio.sleep(0.5)
             phase = "killing"  # a request that starts before the kill lands may still succeed
             await asyncio.to_thread(server.stop, True)  # SIGKILL: no goodbye, shm registrations lost
+            # devstack unlinks what the python backend of a SIGKILLed server leaves in /dev/shm
+            assert server.shm_files() == []
             phase = "down"  # the process is gone: every request from here on must fail with 503
             await asyncio.sleep(1.0)
             phase = "restarting"
             await asyncio.to_thread(server.start)
-            phase = "restarted"
+            phase, restarted_at = "restarted", time.monotonic()
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not any(p == "restarted" and s == 200 for p, s, _ in seen):
+            while time.monotonic() < deadline and sum(p == "restarted" and s == 200 for p, s, _ in seen) < 4 * CALLERS:
                 await asyncio.sleep(0.1)
             stop.set()
-            await task
+            await asyncio.gather(*tasks)
             status = grpcclient.InferenceServerClient(server.grpc_url).get_system_shared_memory_status(as_json=True)
             reregistered = [n for n in status.get("regions", {}) if n.startswith(prefix)]
 
         phases = ("up", "crossing", "killing", "down", "restarting", "restarted")
         by_phase = {p: [(s, k) for q, s, k in seen if q == p] for p in phases}
+        assert not wrong, wrong[:5]
         assert by_phase["up"] and all(s == 200 for s, _ in by_phase["up"]), by_phase["up"]
         assert by_phase["down"] and all(s == 503 for s, _ in by_phase["down"]), by_phase["down"]
         assert {s for s, _ in by_phase["killing"] + by_phase["restarting"] + by_phase["crossing"]} <= {200, 503}, by_phase
-        assert any(s == 200 for s, _ in by_phase["restarted"]), by_phase["restarted"]
+        assert sum(s == 200 for s, _ in by_phase["restarted"]) >= 4 * CALLERS, by_phase["restarted"]
+        # The channel reconnects within its backoff (at most 1.2 s): 503 until then, never after.
+        last_refused = max((t for t, s in restarted_answers if s != 200), default=0.0)
+        assert last_refused < 3.0 and {s for s, _ in by_phase["restarted"]} <= {200, 503}, restarted_answers
         assert len(reregistered) == 6  # 2 regions x 3 ensembles, registered again after the restart
         assert shm_segments(prefix) == []
+        # The gateway unregistered its regions when it stopped.
+        status = grpcclient.InferenceServerClient(server.grpc_url).get_system_shared_memory_status(as_json=True)
+        assert [n for n in status.get("regions", {}) if n.startswith(prefix)] == []
+        assert server.shm_files(), "the restarted server has python-backend regions of its own"
+        await asyncio.to_thread(server.stop, True)
+        assert server.shm_files() == []
     finally:
-        server.stop()
+        await asyncio.to_thread(server.stop)
+        assert server.shm_files() == []
