@@ -137,7 +137,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         pooling=pooling, labels=labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
-        queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.resolved_max_queue_size(),
+        queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,
         tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
         onnx_optimize=request.onnx_optimize, onnx_precision=precision, max_batch_tokens=request.max_batch_tokens,
         batch_widths=widths, batch_rows=rows,

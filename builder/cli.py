@@ -29,10 +29,10 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "length_buckets": {"help": "tokenizer padding buckets (default 16,32,64,128,256,512); one bucket = max-seq-len pads all"},
     "max_queue_delay_us": {"type": int, "help": "dynamic batcher queue delay in microseconds (default 100)"},
     "preferred_batch_sizes": {"help": "comma list (default powers of two up to max-batch-size)"},
-    "queue_timeout_ms": {"type": int, "help": "dynamic batcher: reject a request still queued after this long; "
-                         "a request's own timeout may shorten it (default 5000; 0 = none)"},
-    "max_queue_size": {"type": int, "help": "dynamic batcher: requests queued per model before new ones are "
-                       "rejected at once (default 8 x max-batch-size; 0 = unbounded)"},
+    "queue_timeout_ms": {"type": int, "help": "dynamic batcher queue policy: reject a request still queued after "
+                         "this long (default 0 = no policy; see builder/README.md before turning it on)"},
+    "max_queue_size": {"type": int, "help": "dynamic batcher queue policy: requests queued per model before new "
+                       "ones are rejected at once (default 0 = unbounded, no policy)"},
     "instances": {"type": int, "help": "instance count of the model step (default 1)"},
     "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default 1)"},
     "onnx_threads": {"type": int, "help": "onnxruntime intra-op threads per instance (default 0 = onnxruntime's choice)"},

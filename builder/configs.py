@@ -33,17 +33,19 @@ def model_names(name: str, formats: Sequence[Format]) -> dict[str, str]:
 
 
 def _batching(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
-    """Dynamic batcher with a bounded queue: a request over its timeout (its own, else the default) or one
-    arriving at a full queue is rejected instead of executed late (docs/contract.md, queue policy)."""
+    """Dynamic batcher; with --queue-timeout-ms or --max-queue-size also a queue policy: a request over its
+    timeout (its own, else the default) or one arriving at a full queue is rejected instead of executed
+    late. Off by default: Triton 2.51 stalls with any queue policy (docs/contract.md, queue policy)."""
     if settings.dynamic_batching:
         batching = config.dynamic_batching
         batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
         batching.max_queue_delay_microseconds = settings.max_queue_delay_us
-        policy = batching.default_queue_policy
-        policy.timeout_action = mc.ModelQueuePolicy.REJECT
-        policy.default_timeout_microseconds = settings.queue_timeout_ms * 1000
-        policy.allow_timeout_override = True
-        policy.max_queue_size = settings.max_queue_size
+        if settings.queue_timeout_ms or settings.max_queue_size:
+            policy = batching.default_queue_policy
+            policy.timeout_action = mc.ModelQueuePolicy.REJECT
+            policy.default_timeout_microseconds = settings.queue_timeout_ms * 1000
+            policy.allow_timeout_override = True
+            policy.max_queue_size = settings.max_queue_size
 
 
 def _kind(settings: ResolvedSettings) -> int:

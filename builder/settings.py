@@ -17,8 +17,10 @@ Precision = Literal["fp32", "fp16"]
 DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
 # Queue policy of every dynamic batcher (docs/contract.md): no request waits longer than this in a
 # model's queue (a caller's own timeout can only shorten it); a queue holds this many full batches.
-DEFAULT_QUEUE_TIMEOUT_MS = 5000
-QUEUE_SIZE_PER_BATCH = 8
+# No queue policy by default: Triton 2.51's dynamic batcher with any `default_queue_policy` stalls
+# ~500 ms now and then (measured here: docs/contract.md "Queue policy"; upstream issue
+# triton-inference-server/server#8870). The gateway sheds load and cancels what it abandons instead.
+DEFAULT_QUEUE_TIMEOUT_MS = 0
 
 
 def _split_commas(value: Any) -> Any:
@@ -55,13 +57,13 @@ class BuildRequest(BaseModel):
     preferred_batch_sizes: Annotated[list[int] | None, CommaList] = None
     queue_timeout_ms: int = Field(
         default=DEFAULT_QUEUE_TIMEOUT_MS, ge=0,
-        description="dynamic batcher: a request still queued after this long is rejected (a request's own "
-        "timeout may shorten it, never extend it); 0 = no default timeout",
+        description="dynamic batcher queue policy: a request still queued after this long is rejected (a "
+        "request's own timeout may shorten it, never extend it); 0 = none. Off by default (Triton bug)",
     )
-    max_queue_size: int | None = Field(
-        default=None, ge=0,
-        description="dynamic batcher: requests a model holds queued before it rejects new ones at once. "
-        f"Default {QUEUE_SIZE_PER_BATCH} x max-batch-size; 0 = unbounded",
+    max_queue_size: int = Field(
+        default=0, ge=0,
+        description="dynamic batcher queue policy: requests a model holds queued before it rejects new ones "
+        "at once; 0 = unbounded. Off by default (Triton bug)",
     )
     instances: int = Field(default=1, gt=0, description="instances of the model step (onnx / trt)")
     tokenizer_instances: int = Field(default=1, gt=0)
@@ -100,9 +102,6 @@ class BuildRequest(BaseModel):
     trt_timing_cache: str | None = None
     skip_parity: bool = False
 
-    def resolved_max_queue_size(self) -> int:
-        """max_queue_size, defaulting to QUEUE_SIZE_PER_BATCH x max_batch_size."""
-        return default_max_queue_size(self.max_batch_size) if self.max_queue_size is None else self.max_queue_size
 
 
 class ResolvedSettings(BaseModel):
@@ -127,7 +126,7 @@ class ResolvedSettings(BaseModel):
     preferred_batch_sizes: list[int]
     # defaults for callers that resolve settings themselves (loadtest/model_step.py)
     queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
-    max_queue_size: int = Field(default_factory=lambda data: default_max_queue_size(data["max_batch_size"]))
+    max_queue_size: int = 0
     instances: int
     tokenizer_instances: int
     onnx_threads: int
@@ -157,7 +156,3 @@ def default_preferred_batch_sizes(max_batch_size: int) -> list[int]:
     sizes = [s for s in (4, 8, 16, 32, 64, 128, 256) if s < max_batch_size]
     return sizes + [max_batch_size]
 
-
-def default_max_queue_size(max_batch_size: int) -> int:
-    """Requests a model's queue holds by default: QUEUE_SIZE_PER_BATCH full batches of one-row requests."""
-    return QUEUE_SIZE_PER_BATCH * max_batch_size

@@ -26,6 +26,7 @@ from contract.batching import ROW_PAD_LIMIT, Shapes
 from contract.tokenization import EncodedTexts, TextEncoder
 from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import BatchMetrics
+from gateway.service.admission import Backlog
 from gateway.service.registry import Backend, Endpoint, ServedModel
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
 from gateway.service.tokenization import (
@@ -89,6 +90,7 @@ class Inference:
         self.settings = settings
         self.pipelines: dict[str, TokenPipeline] = {}  # by model step name
         self.encoders: dict[str, TextEncoder] = {}  # ensemble-pipeline models the gateway can count tokens for
+        self.backlogs: dict[str, Backlog] = {}  # ensemble pipeline: texts admitted per ensemble
         self._on_model_gone = on_model_gone
         self._fallback_logged: set[str] = set()
         self._retiring: set[asyncio.Task[None]] = set()  # schedulers of rebuilt steps, closing
@@ -124,12 +126,36 @@ class Inference:
         encoder = self.encoders.get(model.name)
         if not truncate and encoder is not None:  # refuse before paying for the inference
             _check_lengths(model, (await asyncio.to_thread(encoder.encode, texts)).num_tokens, truncate)
+        backlog = self.backlogs.get(endpoint.triton_model)
+        if backlog is None:
+            backlog = self.backlogs[endpoint.triton_model] = Backlog(
+                endpoint.triton_model, "texts", self.settings.max_queue_wait_s)
+        backlog.admit(len(texts), deadline)
         encoded = [t.encode() for t in texts]  # the API admits valid Unicode only
         size = endpoint.max_batch_size
         chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
         output = Output(model.output_name, model.output_width, model.name)
-        calls = [self.client.infer_ensemble(endpoint.triton_model, chunk, output, deadline) for chunk in chunks]
-        parts = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+
+        served, settled = 0, False
+
+        async def call(chunk: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+            nonlocal served
+            backlog.calls += 1
+            concurrency, start = backlog.calls, time.perf_counter()
+            try:
+                result = await self.client.infer_ensemble(endpoint.triton_model, chunk, output, deadline)
+            finally:
+                backlog.calls -= 1
+            if not settled:  # a sibling chunk failed and the request's texts left the backlog already
+                backlog.served(len(chunk), time.perf_counter() - start, concurrency)
+                served += len(chunk)
+            return result
+
+        try:
+            parts = [await call(chunks[0])] if len(chunks) == 1 else await asyncio.gather(*map(call, chunks))
+        finally:
+            backlog.dropped(len(texts) - served)  # chunks that failed, were cancelled or never ran
+            settled = True
         outputs = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
         num_tokens = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
         return BatchResult(outputs, num_tokens, _check_lengths(model, num_tokens, truncate))

@@ -7,9 +7,9 @@ and cut by contract/batching.py's rule (token budget, row limit, bounded padding
 padded only to its own longest row), and the batch holding the oldest row goes first. When a
 batch returns, its output rows are scattered back to their callers, in order.
 
-Admission: the scheduler measures how many tokens per second the step serves. A caller whose
-rows would, behind the queued and running ones, not be done before its deadline is refused at
-once (`overloaded`, with a retry hint) instead of queueing work nobody will wait for.
+Admission (service/admission.py): the scheduler measures how many tokens per second the step
+serves. A caller whose rows would, behind the queued and running ones, not be served in time is
+refused at once (`overloaded`, with a retry hint) instead of queueing work nobody will wait for.
 A caller that gives up (deadline, disconnect) leaves its rows behind; they are dropped before
 the next batch forms, and a running batch none of whose callers still waits is cancelled
 (the Triton call with it). A failed batch fails every caller with a row in it.
@@ -29,13 +29,12 @@ from contract.batching import Shapes, plan_batches
 from contract.tokenization import EncodedTexts
 from gateway.errors import ErrorKind, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
+from gateway.service.admission import Backlog
 
 log = logging.getLogger("gateway.scheduler")
 
 # (input_ids, attention_mask, token_type_ids) [rows, width] int32, deadline -> outputs [rows, width_out] float32
 RunBatch = Callable[[np.ndarray, np.ndarray, np.ndarray, float], Awaitable[np.ndarray]]
-_RATE_SMOOTHING = 0.3  # weight of the newest batch in the served-tokens-per-second estimate
-ADMIT_FRACTION = 0.8  # admit a caller when its expected wait is within this share of its remaining time
 
 
 @dataclass(frozen=True)
@@ -52,11 +51,12 @@ class BatchPolicy:
 
 
 class _Batch:
-    __slots__ = ("task", "live")
+    __slots__ = ("live", "served", "task")
 
     def __init__(self, live: int) -> None:
         self.task: asyncio.Task[None] | None = None
         self.live = live  # callers of this batch still waiting
+        self.served = False  # its tokens left the backlog as served
 
 
 class _Caller:
@@ -103,10 +103,8 @@ class BatchScheduler:
         self._run_batch = run_batch
         self._metrics = metrics
         self._queue: list[_Row] = []
-        self._queued_tokens = 0
         self._in_flight = 0
-        self._in_flight_tokens = 0
-        self.tokens_per_s: float | None = None  # measured service rate; None until a batch completed
+        self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s)  # queued and running tokens
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -114,31 +112,16 @@ class BatchScheduler:
         """Rows waiting for a batch."""
         return len(self._queue)
 
-    def expected_wait_s(self, tokens: int) -> float:
-        """How long `tokens` more would take to be served behind what is queued and running (0 unknown)."""
-        if self.tokens_per_s is None:
-            return 0.0
-        return (self._queued_tokens + self._in_flight_tokens + tokens) / self.tokens_per_s
-
     async def submit(self, encoded: EncodedTexts, deadline: float) -> np.ndarray:
         """Outputs [n, width] float32 of the tokenized texts, in order; `overloaded` at once when they
         could not be served before `deadline` (time.monotonic())."""
-        lengths = int(encoded.num_tokens.clip(max=self.policy.shapes.max_width).sum())
-        wait = self.expected_wait_s(lengths)
-        allowed = min(self.policy.max_queue_wait_s, ADMIT_FRACTION * (deadline - time.monotonic()))
-        if wait > allowed:
-            raise GatewayError(
-                ErrorKind.OVERLOADED,
-                f"{self.name} is overloaded: about {wait:.1f}s of work ahead, over the {allowed:.1f}s this request may wait",
-                type="overloaded", retry_after_s=max(1.0, wait - allowed),
-            )
+        self.backlog.admit(sum(len(ids) for ids in encoded.ids), deadline)
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline)
         now = time.perf_counter()
         types = encoded.type_ids
         rows = [_Row(caller, i, ids, types[i] if types is not None else None, now) for i, ids in enumerate(encoded.ids)]
         self._queue.extend(rows)
-        self._queued_tokens += sum(row.length for row in rows)
         self._metrics.queued(len(rows))
         self._dispatch()
         return await future
@@ -150,11 +133,10 @@ class BatchScheduler:
                 return
             self._in_flight += 1
             tokens = sum(row.length for row in members)
-            self._in_flight_tokens += tokens
             batch = _Batch(len({id(row.caller) for row in members}))
             for caller in {id(row.caller): row.caller for row in members}.values():
                 caller.batches.append(batch)
-            task = asyncio.get_running_loop().create_task(self._run(members, rows, tokens))
+            task = asyncio.get_running_loop().create_task(self._run(members, rows, tokens, batch))
             batch.task = task
             self._tasks.add(task)
             # bookkeeping in a callback, not a `finally`: a task cancelled before it started runs no code
@@ -166,7 +148,7 @@ class BatchScheduler:
         queue = [row for row in self._queue if not row.caller.future.done()]
         if len(queue) < len(self._queue):
             self._metrics.queued(len(queue) - len(self._queue))
-            self._queued_tokens = sum(row.length for row in queue)
+            self.backlog.dropped(sum(row.length for row in self._queue if row.caller.future.done()))
         if not queue:
             self._queue = []
             return [], 0
@@ -179,7 +161,6 @@ class BatchScheduler:
         chosen = set(members)
         self._queue = [row for i, row in enumerate(queue) if i not in chosen]
         batch = [queue[i] for i in members]
-        self._queued_tokens -= sum(row.length for row in batch)
         self._metrics.queued(-len(members))
         return batch, rows
 
@@ -202,14 +183,15 @@ class BatchScheduler:
         mask[len(batch):, 0] = 1
         return ids, mask, types
 
-    async def _run(self, batch: list[_Row], rows: int, tokens: int) -> None:
+    async def _run(self, batch: list[_Row], rows: int, tokens: int, handle: _Batch) -> None:
         concurrency = self._in_flight  # batches sharing the step while this one runs
         start = time.perf_counter()
         try:
             ids, mask, types = self._tensors(batch, rows)
             self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=tokens, waited=start - batch[0].since)
             outputs = await self._run_batch(ids, mask, types, max(row.caller.deadline for row in batch))
-            self._measured(tokens * concurrency / max(time.perf_counter() - start, 1e-6))
+            self.backlog.served(tokens, time.perf_counter() - start, concurrency)
+            handle.served = True
             for row, output in zip(batch, outputs):
                 caller = row.caller
                 caller.outputs[row.index] = output
@@ -227,14 +209,11 @@ class BatchScheduler:
     def _batch_done(self, task: asyncio.Task[None], batch: list[_Row], tokens: int, handle: _Batch) -> None:
         self._tasks.discard(task)
         self._in_flight -= 1
-        self._in_flight_tokens -= tokens
+        if not handle.served:  # failed or cancelled
+            self.backlog.dropped(tokens)
         for caller in {id(row.caller): row.caller for row in batch}.values():
             caller.batches.remove(handle)
         self._dispatch()
-
-    def _measured(self, tokens_per_s: float) -> None:
-        old = self.tokens_per_s
-        self.tokens_per_s = tokens_per_s if old is None else old + _RATE_SMOOTHING * (tokens_per_s - old)
 
     async def close(self) -> None:
         """Fail what is queued and wait for running batches."""
@@ -242,7 +221,7 @@ class BatchScheduler:
             if not row.caller.future.done():
                 row.caller.future.set_exception(unavailable("gateway is shutting down", type="shutting_down"))
         self._metrics.queued(-len(self._queue))
+        self.backlog.dropped(sum(row.length for row in self._queue))
         self._queue = []
-        self._queued_tokens = 0
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -179,7 +179,7 @@ async def test_batches_keep_to_declared_shapes() -> None:
 @pytest.mark.anyio
 async def test_a_caller_that_cannot_be_served_in_time_is_refused_at_once() -> None:
     step, scheduler = held_scheduler()
-    scheduler.tokens_per_s = 100.0  # as if measured: 100 tokens a second
+    scheduler.backlog.per_s = 100.0  # as if measured: 100 tokens a second
     running = asyncio.create_task(scheduler.submit(encoded(50), later()))  # 0.5 s of work ahead
     await asyncio.sleep(0)
     started = time.monotonic()
@@ -192,7 +192,7 @@ async def test_a_caller_that_cannot_be_served_in_time_is_refused_at_once() -> No
     assert scheduler.queued == 1
     step.gate.set()
     assert (await running)[:, 1].tolist() == [50] and (await admitted)[:, 1].tolist() == [10]
-    assert scheduler.tokens_per_s is not None and scheduler.tokens_per_s != 100.0  # measured from the batches
+    assert scheduler.backlog.per_s != 100.0 and scheduler.backlog.pending == 0  # measured from the batches
 
 
 @pytest.mark.anyio
@@ -218,3 +218,4 @@ async def test_a_running_batch_nobody_waits_for_is_cancelled_and_carries_the_lat
     step.gate.set()
     third = await scheduler.submit(encoded(7), later())
     assert third[:, 1].tolist() == [7] and scheduler.queued == 0
+    assert scheduler.backlog.pending == 0  # served, dropped and cancelled tokens all left the backlog
