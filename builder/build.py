@@ -182,6 +182,7 @@ def _write_tokenizer(planned: PlannedBuild, tok_dir: Path) -> None:
     tokenizer.backend_tokenizer.save(str(version_dir / TOKENIZER_FILE))
     digest = hashlib.sha256((version_dir / TOKENIZER_FILE).read_bytes()).hexdigest()
     _copy_model_py("tokenizer", version_dir / "model.py")
+    _copy_model_py("cancellation", version_dir / "cancellation.py")
     module = resources.files("contract").joinpath(TOKENIZATION_MODULE).read_text()
     (version_dir / TOKENIZATION_MODULE).write_text(module)
     configs.write_config(tok_dir, configs.tokenizer_config(planned.settings, int(tokenizer.pad_token_id or 0), digest))
@@ -252,6 +253,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         configs.write_config(onnx_dir, configs.onnx_config(s, width, facts.precision))
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
+            _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")
             module = resources.files("contract").joinpath(BATCHING_MODULE).read_text()
             (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
     if "trt" in entries:

@@ -39,8 +39,10 @@ def test_layout(python_repository: Path) -> None:
         assert (python_repository / entry / "1").is_dir()
         assert (python_repository / entry / MANIFEST_FILE).is_file()
     for name in ("tinycls", "tinyemb"):
-        assert {p.name for p in (python_repository / f"{name}_tokenizer" / "1").iterdir()} == {"model.py", "tokenizer.json", "tokenization.py"}
-        assert {p.name for p in (python_repository / f"{name}_onnx" / "1").iterdir()} == {"model.py", "model.onnx", "batching.py"}
+        tokenizer_files = {p.name for p in (python_repository / f"{name}_tokenizer" / "1").iterdir()}
+        assert tokenizer_files == {"model.py", "tokenizer.json", "tokenization.py", "cancellation.py"}
+        step_files = {p.name for p in (python_repository / f"{name}_onnx" / "1").iterdir()}
+        assert step_files == {"model.py", "model.onnx", "batching.py", "cancellation.py"}
     assert (python_repository / "tinycls_onnx_ensemble" / "labels.txt").read_text().splitlines() == LABELS
     assert not (python_repository / "tinyemb_onnx_ensemble" / "labels.txt").exists()
     assert staging_leftovers(python_repository) == []
