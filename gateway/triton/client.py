@@ -306,8 +306,11 @@ class TritonClient:
                 inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
             outputs[0].set_shared_memory(region.name, n * width * 4, layout.offset(out_name))
             outputs[1].set_shared_memory(region.name, n * 4, layout.offset(NUM_TOKENS))
-            await self.grpc.infer(ensemble, [inp], outputs=outputs, client_timeout=client_timeout, timeout=timeout_us)
+            result = await self.grpc.infer(
+                ensemble, [inp], outputs=outputs, client_timeout=client_timeout, timeout=timeout_us
+            )
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
+            _check_shape(result, ensemble, out_name, n, width)
             return region.read(out_name, np.float32, (n, width)), region.read(NUM_TOKENS, np.int32, (n,))
 
     async def infer_step(
@@ -340,8 +343,11 @@ class TritonClient:
             for inp, name, tensor in zip(inputs, TOKEN_INPUTS, tensors):
                 inp.set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
             requested.set_shared_memory(region.name, rows * output.width * 4, region.layout.offset(output.name))
-            await self.grpc.infer(step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us)
+            result = await self.grpc.infer(
+                step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us
+            )
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
+            _check_shape(result, step, output.name, rows, output.width)
             return region.read(output.name, np.float32, (rows, output.width))
 
     # --- shutdown ---------------------------------------------------------------------
@@ -366,3 +372,12 @@ def _as_rows(result: grpcclient.InferResult, model: str, name: str, rows: int, w
     if array.size != rows * width:
         raise _contract_mismatch(model, f"output {name!r} has shape {list(array.shape)}, expected [{rows}, {width}]")
     return array.reshape(rows, width)
+
+
+def _check_shape(result: grpcclient.InferResult, model: str, name: str, rows: int, width: int) -> None:
+    """An output Triton wrote into shared memory must have the shape the registry expects: its bytes
+    alone cannot tell a narrower output from a right one."""
+    meta = result.get_output(name)
+    shape = list(meta.shape) if meta is not None else None
+    if shape is None or int(np.prod(shape)) != rows * width or (len(shape) == 2 and shape[1] != width):
+        raise _contract_mismatch(model, f"output {name!r} has shape {shape}, expected [{rows}, {width}]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,15 @@ import tritonclient.grpc as grpcclient
 from devstack.tritonserver import TritonServer, free_port
 from gateway.triton.shm_pool import serialize_texts
 from tests.gateway.conftest import running_gateway, shm_segments
-from devstack.fake_repository import EMBED_DIM, LABELS, MAX_SEQ_LEN, fake_num_tokens, fake_vector
+from devstack.fake_repository import (
+    EMBED_DIM,
+    LABELS,
+    MAX_SEQ_LEN,
+    _ensemble,
+    fake_num_tokens,
+    fake_vector,
+    write_fake_repository,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -213,3 +222,32 @@ async def test_tensorrt_ensemble_preferred_and_backend_choosable(fake_triton: Tr
         assert (await client.post("/embed", json={"inputs": ["a", "b"], "backend": "trt"})).status_code == 200
     assert count("fakeemb_trt_fp16_ensemble") - before["fakeemb_trt_fp16_ensemble"] == 5  # default: TensorRT
     assert count("fakeemb_onnx_ensemble") - before["fakeemb_onnx_ensemble"] == 1
+
+
+async def test_docs_work_offline_and_can_be_switched_off(fake_triton: TritonServer) -> None:
+    """/docs serves Swagger UI from the bundled assets (no CDN); GATEWAY_DOCS=false removes docs and schema."""
+    async with running_gateway(fake_triton.grpc_url, shm="none") as (_, client):
+        page = await client.get("/docs")
+        assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text
+        assert "cdn" not in page.text.lower() and "http://" not in page.text and "https://" not in page.text
+        script = await client.get("/docs/assets/swagger-ui-bundle.js")
+        assert script.status_code == 200 and len(script.content) > 100_000
+        assert (await client.get("/openapi.json")).status_code == 200
+    async with running_gateway(fake_triton.grpc_url, shm="none", docs=False) as (_, client):
+        assert (await client.get("/docs")).status_code == 404
+        assert (await client.get("/openapi.json")).status_code == 404
+
+
+async def test_a_contract_mismatch_is_a_502_not_wrong_numbers(tmp_path: Path) -> None:
+    """An ensemble whose `embedding_dim` parameter disagrees with what its step computes: the gateway
+    answers 502 contract_mismatch, with shm (where the bytes alone look fine) and without."""
+    repository = write_fake_repository(tmp_path / "repo")
+    _ensemble(repository, "wideemb", "fakeemb_onnx", "embeddings", EMBED_DIM,
+              {"task": "embed", "embedding_dim": str(EMBED_DIM + 1), "pooling": "mean"})
+    with TritonServer(repository=repository, log_path=tmp_path / "triton.log") as server:
+        for shm in ("system", "none"):
+            async with running_gateway(server.grpc_url, shm=shm, shm_prefix="gwmismatch") as (_, client):
+                r = await client.post("/embed", json={"model": "wideemb", "inputs": ["a b"]})
+                assert r.status_code == 502 and r.json()["error"]["type"] == "contract_mismatch", (shm, r.text)
+                ok = await client.post("/embed", json={"model": "fakeemb", "inputs": ["a b"]})
+                assert ok.status_code == 200
