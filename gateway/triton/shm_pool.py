@@ -24,7 +24,6 @@ import numpy as np
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import SHM_IN_USE, SHM_REGIONS
 
 log = logging.getLogger("gateway.shm")
@@ -195,8 +194,6 @@ class ShmPool:
 def _abandoned(exc: BaseException) -> bool:
     if isinstance(exc, (asyncio.CancelledError, TimeoutError)):
         return True
-    if isinstance(exc, GatewayError):
-        return exc.kind is ErrorKind.TIMEOUT
     return isinstance(exc, InferenceServerException) and "DEADLINE_EXCEEDED" in str(exc.status())
 
 
