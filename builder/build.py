@@ -18,21 +18,46 @@ import onnxruntime as ort
 from builder import configs, tensorrt_engine
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
-from builder.manifest import Manifest, OnnxFacts, fingerprint, library_versions, python_version, read_manifest, write_manifest
+from builder.manifest import (
+    Manifest,
+    OnnxFacts,
+    fingerprint,
+    library_versions,
+    python_version,
+    read_manifest,
+    write_manifest,
+)
 from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
 from builder.parity import ParityResult, compare, parity_inputs, torch_reference
 from builder.publish import publish, staging_directory
-from builder.settings import BuildRequest, Format, Pooling, ResolvedSettings, Task, default_preferred_batch_sizes
-from contract import BATCHING_MODULE, LABELS_FILE, TOKENIZATION_MODULE, TOKENIZER_FILE, entry_names
-from contract.batching import default_rows, default_widths
+from builder.settings import (
+    BuildRequest,
+    Format,
+    Pooling,
+    ResolvedSettings,
+    Task,
+    default_preferred_batch_sizes,
+)
 from builder.source import (
+    SUPPORTED_POOLING,
     ModelSource,
+    SentenceTransformersConfig,
     config_labels,
+    config_matryoshka_dims,
     has_classification_head,
     model_max_seq_len,
+    read_sentence_transformers,
     resolve_source,
-    sentence_transformers_pooling,
 )
+from contract import (
+    BATCHING_MODULE,
+    LABELS_FILE,
+    TASKS,
+    TOKENIZATION_MODULE,
+    TOKENIZER_FILE,
+    entry_names,
+)
+from contract.batching import default_rows, default_widths
 
 Log = Callable[[str], None]
 
@@ -78,31 +103,140 @@ def resolve_formats(request: BuildRequest, log: Log) -> list[Format]:
     return formats
 
 
+# rerank: a label with one of these names (any case) scores relevance when the model has several logits
+RELEVANCE_LABELS = ("relevant", "relevance", "entailment", "yes", "true", "positive")
+
+
+@dataclass
+class TaskSettings:
+    """The task-specific part of the resolved settings."""
+
+    labels: list[str] | None = None
+    pairs: bool = False
+    score_label: int | None = None
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    matryoshka_dims: list[int] = field(default_factory=list)
+
+
+def _check_task_options(request: BuildRequest, task: Task) -> None:
+    """Options that belong to another task are errors, not silently ignored."""
+    embed_only = {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name,
+                  "--matryoshka-dims": request.matryoshka_dims}
+    for option, value in embed_only.items():
+        if value is not None and task != "embed":
+            raise BuildError(f"{request.name}: {option} is for --task embed only, not {task}")
+    if request.score_label is not None and task != "rerank":
+        raise BuildError(f"{request.name}: --score-label is for --task rerank only, not {task}")
+    if request.pairs and task == "embed":
+        raise BuildError(f"{request.name}: --pairs is for --task classify (rerank always takes pairs), not embed")
+    if request.pairs is False and task == "rerank":
+        raise BuildError(f"{request.name}: a rerank model always takes text pairs; drop pairs: false")
+
+
+def _labels(request: BuildRequest, source: ModelSource, task: Task) -> list[str]:
+    """classify / rerank: label names, one per logit of the head (a base checkpoint gets a new classify head)."""
+    if has_classification_head(source.config):
+        labels = request.labels or config_labels(source.config)
+        num_labels = int(source.config.num_labels or 0)
+        if labels is None or len(labels) != num_labels:
+            raise BuildError(
+                f"{request.name}: {len(labels or [])} labels given but the model's head has {num_labels} outputs")
+        return labels
+    if task == "rerank":
+        raise BuildError(f"{request.name}: {request.model!r} has no sequence-classification head; rerank needs a "
+                         "cross-encoder checkpoint (`*ForSequenceClassification`, e.g. BAAI/bge-reranker-base)")
+    if request.labels:
+        return request.labels
+    raise BuildError(f"{request.name}: {request.model!r} has no sequence-classification head; "
+                     "give --labels to add a new (random) head, or use --task embed")
+
+
+def _score_label(request: BuildRequest, labels: list[str]) -> int:
+    """rerank: the logit that scores relevance (--score-label NAME|INDEX, else the one logit, else a known name)."""
+    if request.score_label is not None:
+        given = request.score_label.strip()
+        named = [i for i, label in enumerate(labels) if label.lower() == given.lower()]
+        if named:
+            return named[0]
+        if given.isdigit() and int(given) < len(labels):
+            return int(given)
+        raise BuildError(f"{request.name}: --score-label {given!r} is neither a label of the model "
+                         f"({', '.join(labels)}) nor an index below {len(labels)}")
+    if len(labels) == 1:
+        return 0
+    known = [i for i, label in enumerate(labels) if label.lower() in RELEVANCE_LABELS]
+    if len(known) == 1:
+        return known[0]
+    raise BuildError(f"{request.name}: the model has {len(labels)} logits ({', '.join(labels)}); give "
+                     "--score-label NAME|INDEX to name the one that scores relevance")
+
+
+def _prompts(request: BuildRequest, st: SentenceTransformersConfig) -> tuple[dict[str, str], str | None]:
+    """The model's prompts extended and overridden by --prompt, and the default prompt (which must exist)."""
+    prompts = {**st.prompts, **(request.prompts or {})}
+    default = request.default_prompt_name or st.default_prompt_name
+    if default is not None and default not in prompts:
+        known = ", ".join(sorted(prompts)) or "none"
+        raise BuildError(f"{request.name}: default prompt name {default!r} is not a known prompt (known: {known}); "
+                         "add it with --prompt NAME=TEXT")
+    return prompts, default
+
+
+def _matryoshka_dims(request: BuildRequest, source: ModelSource) -> list[int]:
+    """Dimensions a request may truncate to: ascending, the full width included; [] when none are declared."""
+    dims = request.matryoshka_dims if request.matryoshka_dims is not None else config_matryoshka_dims(source.config)
+    if not dims:
+        return []
+    width = int(getattr(source.config, "hidden_size", 0) or 0)
+    bad = [d for d in dims if not 1 <= d <= width]
+    if bad:
+        raise BuildError(f"{request.name}: matryoshka dimension(s) {', '.join(map(str, bad))} outside 1..{width} "
+                         "(the embedding width)")
+    return sorted(set(dims) | {width})
+
+
+def _embed_settings(request: BuildRequest, source: ModelSource, st: SentenceTransformersConfig) -> TaskSettings:
+    """Pooling and normalisation as the model was trained (sentence-transformers modules), prompts, matryoshka."""
+    if request.pooling is None:
+        if st.pooling_problem:
+            raise BuildError(f"{request.name}: the model's sentence-transformers Pooling asks for {st.pooling_problem}, "
+                             f"which the export cannot do; --pooling {'|'.join(SUPPORTED_POOLING)} overrides it")
+        extra = st.unsupported_modules()
+        if extra:
+            raise BuildError(f"{request.name}: the model's modules.json has module(s) the export cannot run "
+                             f"({', '.join(extra)}); only Transformer, Pooling and Normalize are supported")
+    prompts, default = _prompts(request, st)
+    return TaskSettings(
+        pooling=request.pooling or cast(Pooling | None, st.pooling) or "mean",
+        normalize=True if st.normalize is None else st.normalize,  # no modules.json: normalise (TEI's default)
+        prompts=prompts, default_prompt_name=default, matryoshka_dims=_matryoshka_dims(request, source),
+    )
+
+
+def _task_settings(request: BuildRequest, source: ModelSource, task: Task, st: SentenceTransformersConfig) -> TaskSettings:
+    _check_task_options(request, task)
+    if task == "embed":
+        return _embed_settings(request, source, st)
+    labels = _labels(request, source, task)
+    if task == "rerank":
+        return TaskSettings(labels=labels, pairs=True, score_label=_score_label(request, labels))
+    return TaskSettings(labels=labels, pairs=bool(request.pairs))
+
+
 def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[Format]) -> ResolvedSettings:
     """Fill every default from the model and reject settings the model cannot honour."""
-    if request.task not in ("classify", "embed"):
-        raise BuildError(f"unsupported task {request.task!r}: choose classify or embed")
+    if request.task not in TASKS:
+        raise BuildError(f"unsupported task {request.task!r}: choose {', '.join(TASKS)}")
     task = cast(Task, request.task)
+    st = read_sentence_transformers(source.path)
     limit = model_max_seq_len(source)
-    max_seq_len = request.max_seq_len or min(limit, 512)
+    max_seq_len = request.max_seq_len or min(limit, st.max_seq_length or 512)
     if max_seq_len > limit:
         raise BuildError(f"{request.name}: --max-seq-len {max_seq_len} is above the model's limit of {limit} tokens")
-    labels: list[str] | None = None
-    pooling: Pooling | None = None
-    if task == "classify":
-        if has_classification_head(source.config):
-            labels = request.labels or config_labels(source.config)
-            num_labels = int(source.config.num_labels or 0)
-            if labels is None or len(labels) != num_labels:
-                raise BuildError(
-                    f"{request.name}: {len(labels or [])} labels given but the model's head has {num_labels} outputs")
-        elif request.labels:
-            labels = request.labels
-        else:
-            raise BuildError(f"{request.name}: {request.model!r} has no sequence-classification head; "
-                             "give --labels to add a new (random) head, or use --task embed")
-    else:
-        pooling = request.pooling or cast(Pooling | None, sentence_transformers_pooling(source.path)) or "mean"
+    task_settings = _task_settings(request, source, task, st)
     # Measured (docs/benchmarks.md, 3m): on a GPU one merged batch beats per-bucket batches (1.7-1.8x);
     # on a CPU it lost (0.4-0.6x) when the runner still padded merged batches to the widest request.
     merge_buckets = request.merge_buckets
@@ -134,7 +268,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     return ResolvedSettings(
         model=request.model, revision=source.revision, task=task, name=request.name, formats=formats,
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
-        pooling=pooling, labels=labels, length_buckets=sorted(set(request.length_buckets)),
+        pooling=task_settings.pooling, labels=task_settings.labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
         queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,
@@ -144,6 +278,9 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         merge_buckets=merge_buckets,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
+        pairs=task_settings.pairs, normalize=task_settings.normalize, prompts=task_settings.prompts,
+        default_prompt_name=task_settings.default_prompt_name, matryoshka_dims=task_settings.matryoshka_dims,
+        score_label=task_settings.score_label,
     )
 
 
@@ -211,9 +348,12 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
 
     log(f"{s.name}: loading {s.model}")
     model: RepositoryModel = load_repository_model(planned.source.path, s, attn_implementation="eager")
-    inputs = parity_inputs(tokenizer, s.max_seq_len)
+    inputs = parity_inputs(tokenizer, s.max_seq_len, pairs=s.pairs)
     reference = torch_reference(model, inputs)
     width = int(reference.shape[1])
+    if s.matryoshka_dims and s.matryoshka_dims[-1] != width:
+        raise BuildError(f"{s.name}: the embeddings are {width} wide, not {s.matryoshka_dims[-1]} "
+                         "(config.hidden_size) as the matryoshka dimensions assumed")
 
     raw_path = staging / f".{s.name}_export" / "model.onnx"  # never published; TensorRT parses this one
     raw_path.parent.mkdir(parents=True)
@@ -271,7 +411,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     for fmt in s.formats:
         ens_dir = staging / entries[f"{fmt}_ensemble"]
         configs.write_config(ens_dir, configs.ensemble_config(s, fmt, width))
-        if s.task == "classify":
+        if s.labels is not None:
             (ens_dir / LABELS_FILE).write_text("".join(f"{label}\n" for label in s.labels or []))
     return results, facts
 

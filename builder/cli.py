@@ -16,7 +16,7 @@ from builder.spec import format_validation_error, load_spec
 # Options shared by the CLI and spec entries (field name -> argparse keyword arguments).
 _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "model": {"help": "hub id or local directory"},
-    "task": {"help": "classify or embed"},
+    "task": {"help": "classify, embed or rerank (a cross-encoder scoring text pairs)"},
     "name": {"help": "NAME of the repository entries (NAME_onnx, NAME_onnx_ensemble, ...)"},
     "revision": {"help": "hub revision (branch, tag or commit)"},
     "formats": {"help": "comma list of onnx,trt (default: onnx,trt when TensorRT is importable, else onnx)"},
@@ -24,8 +24,15 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "max_batch_size": {"type": int, "help": "default 64"},
     "device": {"help": "instance kind of the model step (default gpu)"},
     "runtime": {"help": "native: onnxruntime/tensorrt backends; python: python-backend onnxruntime runner"},
-    "pooling": {"help": "embed: default from the sentence-transformers config, else mean"},
-    "labels": {"help": "classify: comma list of label names (default config.id2label)"},
+    "pooling": {"help": "embed: mean, cls or lasttoken (default from the sentence-transformers Pooling config, "
+                "else mean)"},
+    "labels": {"help": "classify, rerank: comma list of label names (default config.id2label)"},
+    "score_label": {"help": "rerank: label NAME or INDEX whose logit scores relevance (default: the only logit, or "
+                    "the one label named relevant/relevance/entailment/yes/true/positive)"},
+    "default_prompt_name": {"help": "embed: the prompt used when a request names none (default from "
+                            "config_sentence_transformers.json)"},
+    "matryoshka_dims": {"help": "embed: comma list of dimensions requests may truncate to (default "
+                        "config.matryoshka_dimensions)"},
     "length_buckets": {"help": "tokenizer padding buckets (default 16,32,64,128,256,512); one bucket = max-seq-len pads all"},
     "max_queue_delay_us": {"type": int, "help": "dynamic batcher queue delay in microseconds (default 100)"},
     "preferred_batch_sizes": {"help": "comma list (default powers of two up to max-batch-size)"},
@@ -57,6 +64,14 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see --help)\n")
 
 
+def _prompt(value: str) -> tuple[str, str]:
+    """`--prompt NAME=TEXT` (TEXT may be empty and keeps its spaces)."""
+    name, sep, text = value.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"--prompt {value!r} is not NAME=TEXT")
+    return name.strip(), text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m builder", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
@@ -74,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
                             "by length and pads sub-batches to their own longest); default on with --device gpu")
     build.add_argument("--no-merge-buckets", dest="merge_buckets", action="store_const", const=False, default=None,
                        help="keep each length bucket in batches of its own")
+    build.add_argument("--pairs", dest="pairs", action="store_const", const=True, default=None,
+                       help="classify: the model takes sentence pairs (inputs text and text_pair); rerank always does")
+    build.add_argument("--prompt", dest="prompts", action="append", type=_prompt, default=None, metavar="NAME=TEXT",
+                       help="embed, repeatable: a prompt TEXT prepended to inputs that ask for NAME (adds to and "
+                            "overrides the model's config_sentence_transformers.json prompts)")
     build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,
                        help="record parity numbers but publish even when they fail")
     return parser
@@ -83,9 +103,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def requests_from_args(args: argparse.Namespace) -> list[BuildRequest]:
     """Build requests from `--spec` (CLI options given too override every entry) or from the CLI options alone."""
-    flags = ("dynamic_batching", "skip_parity", "onnx_optimize", "merge_buckets")
+    flags = ("dynamic_batching", "skip_parity", "onnx_optimize", "merge_buckets", "pairs", "prompts")
     options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in flags}
     given = {k: v for k, v in options.items() if v is not None}
+    if "prompts" in given:
+        given["prompts"] = dict(given["prompts"])
     if args.spec is not None:
         if {"model", "task", "name"} & set(given):
             raise BuildError("--spec cannot be combined with --model/--task/--name")

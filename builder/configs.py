@@ -15,6 +15,7 @@ from contract import (
     NUM_TOKENS,
     REPO_BACKEND,
     TEXT,
+    TEXT_PAIR,
     TOKEN_INPUTS,
     Param,
     ensemble_model,
@@ -57,14 +58,21 @@ def _set_parameters(config: mc.ModelConfig, values: dict[str, str]) -> None:
         config.parameters[key].string_value = value
 
 
+def _text_inputs(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
+    """`text`, and `text_pair` for models built with pairs."""
+    config.input.add(name=TEXT, data_type=mc.TYPE_STRING, dims=[1])
+    if settings.pairs:
+        config.input.add(name=TEXT_PAIR, data_type=mc.TYPE_STRING, dims=[1])
+
+
 def tokenizer_config(settings: ResolvedSettings, pad_token_id: int, tokenizer_sha256: str) -> mc.ModelConfig:
-    """Python-backend tokenizer: text -> INT32 token tensors + num_tokens (always on CPU).
+    """Python-backend tokenizer: text (+ text_pair) -> INT32 token tensors + num_tokens (always on CPU).
 
     Its parameters also tell the gateway how to tokenize itself (max_seq_len, pad id, and the
     sha256 of tokenizer.json, so that it uses the file Triton serves and no other)."""
     config = mc.ModelConfig(name=tokenizer_model(settings.name), backend="python",
                             max_batch_size=settings.max_batch_size)
-    config.input.add(name=TEXT, data_type=mc.TYPE_STRING, dims=[1])
+    _text_inputs(config, settings)
     for name in TOKEN_INPUTS:
         config.output.add(name=name, data_type=mc.TYPE_INT32, dims=[-1])
     config.output.add(name=NUM_TOKENS, data_type=mc.TYPE_INT32, dims=[1])
@@ -123,17 +131,18 @@ def trt_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
 
 
 def ensemble_config(settings: ResolvedSettings, fmt: Format, width: int) -> mc.ModelConfig:
-    """text -> tokenizer -> step model, with the contract's parameters for the gateway."""
+    """text (+ text_pair) -> tokenizer -> step model, with the contract's parameters for the gateway."""
     names = model_names(settings.name, [fmt])
     output = settings.output_name
     config = mc.ModelConfig(name=names[f"{fmt}_ensemble"], platform="ensemble", max_batch_size=settings.max_batch_size)
-    config.input.add(name=TEXT, data_type=mc.TYPE_STRING, dims=[1])
+    _text_inputs(config, settings)
     out = config.output.add(name=output, data_type=mc.TYPE_FP32, dims=[width])
-    if settings.task == "classify":
+    if settings.labels is not None:
         out.label_filename = LABELS_FILE
     config.output.add(name=NUM_TOKENS, data_type=mc.TYPE_INT32, dims=[1])
     tok = config.ensemble_scheduling.step.add(model_name=names["tokenizer"], model_version=-1)
-    tok.input_map[TEXT] = TEXT
+    for tensor in config.input:
+        tok.input_map[tensor.name] = tensor.name
     for name in TOKEN_INPUTS:
         tok.output_map[name] = f"_{name}"
     tok.output_map[NUM_TOKENS] = NUM_TOKENS
@@ -141,6 +150,16 @@ def ensemble_config(settings: ResolvedSettings, fmt: Format, width: int) -> mc.M
     for name in TOKEN_INPUTS:
         step.input_map[name] = f"_{name}"
     step.output_map[output] = output
+    _set_parameters(config, ensemble_parameters(settings, fmt, width))
+    return config
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def ensemble_parameters(settings: ResolvedSettings, fmt: Format, width: int) -> dict[str, str]:
+    """What the gateway reads (docs/contract.md): common keys, then the task's own."""
     params = {
         Param.TASK: settings.task,
         Param.MODEL_NAME: settings.name,
@@ -148,13 +167,22 @@ def ensemble_config(settings: ResolvedSettings, fmt: Format, width: int) -> mc.M
         Param.MAX_SEQ_LEN: str(settings.max_seq_len),
         Param.SOURCE: settings.model,
     }
-    if settings.task == "classify":
-        params[Param.LABELS] = orjson.dumps(settings.labels or []).decode()
-    else:
+    if settings.pairs:  # absent = single texts
+        params[Param.PAIRS] = "true"
+    if settings.task == "embed":
         params[Param.EMBEDDING_DIM] = str(width)
         params[Param.POOLING] = settings.pooling or "mean"
-    _set_parameters(config, params)
-    return config
+        params[Param.NORMALIZE] = _flag(settings.normalize is not False)
+        params[Param.PROMPTS] = orjson.dumps(settings.prompts).decode()
+        if settings.default_prompt_name:
+            params[Param.DEFAULT_PROMPT] = settings.default_prompt_name
+        if settings.matryoshka_dims:
+            params[Param.MATRYOSHKA_DIMS] = ",".join(map(str, settings.matryoshka_dims))
+        return params
+    params[Param.LABELS] = orjson.dumps(settings.labels or []).decode()
+    if settings.task == "rerank":
+        params[Param.SCORE_LABEL] = str(settings.score_label or 0)
+    return params
 
 
 def write_config(directory: Path, config: mc.ModelConfig) -> None:

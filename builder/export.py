@@ -1,7 +1,8 @@
 """PyTorch model with the repository's tensor interface, and its ONNX export.
 
 The exported graph takes INT32 `input_ids`, `attention_mask`, `token_type_ids` [batch, seq]
-(cast to int64 inside), and returns `logits` [batch, labels] or pooled `embeddings` [batch, dim].
+(cast to int64 inside), and returns raw `logits` [batch, labels] (classify, rerank) or pooled `embeddings` [batch, dim]
+(mean, CLS or last-token pooling, not normalized).
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ class RepositoryModel(nn.Module):
             kwargs["token_type_ids"] = token_type_ids.to(torch.int64)
         else:  # keep the third input in the graph so every model has the same interface
             kwargs["attention_mask"] = mask + token_type_ids.to(torch.int64) * 0
-        if self.task == "classify":
+        if self.task in ("classify", "rerank"):
             return self.model(**kwargs).logits.float()
         hidden = self.model(**kwargs).last_hidden_state.float()
         if self.pooling == "cls":
             return hidden[:, 0]
+        if self.pooling == "lasttoken":  # rows are right-padded: the last attended token is at length - 1
+            last = (mask.sum(dim=1) - 1).clamp(min=0)
+            return torch.gather(hidden, 1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
@@ -50,8 +54,9 @@ def load_repository_model(path: Path, settings: ResolvedSettings, attn_implement
     kwargs: dict[str, object] = {"dtype": torch.float32}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    loader = AutoModelForSequenceClassification if settings.task == "classify" else AutoModel
-    if settings.task == "classify" and settings.labels:
+    logits = settings.task in ("classify", "rerank")
+    loader = AutoModelForSequenceClassification if logits else AutoModel
+    if logits and settings.labels:
         kwargs["num_labels"] = len(settings.labels)
         kwargs["id2label"] = dict(enumerate(settings.labels))
         kwargs["label2id"] = {label: i for i, label in enumerate(settings.labels)}

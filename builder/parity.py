@@ -39,7 +39,7 @@ class ParityResult(BaseModel):
     max_seq_len: int
     max_abs_diff: float
     min_cosine: float
-    argmax_agree: bool | None  # classify only
+    argmax_agree: bool | None  # logits (classify, rerank) only
     passed: bool
     thresholds: dict[str, float | str]
 
@@ -49,9 +49,18 @@ class ParityResult(BaseModel):
                 f"over {self.sentences} sentences (thresholds {self.thresholds})")
 
 
-def parity_inputs(tokenizer: PreTrainedTokenizerFast, max_seq_len: int) -> dict[str, np.ndarray]:
-    """The parity sentences as INT32 token tensors, truncated to max_seq_len and padded to the longest."""
-    batch = tokenizer(list(SENTENCES), truncation=True, max_length=max_seq_len, padding="longest",
+def parity_pairs() -> tuple[list[str], list[str]]:
+    """Pair models: each sentence with the next one as its second text (both segments' token types, long pairs
+    cut longest-first, empty first and second texts)."""
+    texts = list(SENTENCES)
+    return texts, texts[1:] + texts[:1]
+
+
+def parity_inputs(tokenizer: PreTrainedTokenizerFast, max_seq_len: int, pairs: bool = False) -> dict[str, np.ndarray]:
+    """The parity sentences (or sentence pairs) as INT32 token tensors, truncated to max_seq_len and padded to the
+    longest."""
+    texts, second = parity_pairs() if pairs else (list(SENTENCES), None)
+    batch = tokenizer(texts, second, truncation=True, max_length=max_seq_len, padding="longest",
                       return_tensors="np", return_token_type_ids=True)
     return {name: np.asarray(batch[name], dtype=np.int32) for name in TOKEN_INPUTS}
 
@@ -64,7 +73,10 @@ def torch_reference(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> np
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of each row; of the one column when rows have one value (a single logit's cosine is only its sign)."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if a64.shape[1] == 1:
+        a64, b64 = a64.T, b64.T
     norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
     return (a64 * b64).sum(axis=1) / np.maximum(norms, 1e-30)
 
@@ -73,19 +85,20 @@ def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarr
     """Compare one artifact's outputs with the reference; thresholds depend on the artifact (onnx / trt_fp16)."""
     if candidate.shape != reference.shape or not np.isfinite(candidate).all():
         return ParityResult(artifact=artifact, sentences=len(reference), max_seq_len=max_seq_len,
-                            max_abs_diff=float("inf"), min_cosine=-1.0, argmax_agree=False if task == "classify" else None,
+                            max_abs_diff=float("inf"), min_cosine=-1.0, argmax_agree=False if task != "embed" else None,
                             passed=False, thresholds={"shape": str(reference.shape)})
+    logits = task != "embed"
     diff = float(np.abs(candidate.astype(np.float64) - reference).max())
     cosine = float(_cosines(reference, candidate).min())
-    agree = bool((reference.argmax(1) == candidate.argmax(1)).all()) if task == "classify" else None
+    agree = bool((reference.argmax(1) == candidate.argmax(1)).all()) if logits else None
     if artifact == "onnx":
         thresholds: dict[str, float | str] = (
-            {"max_abs_diff": ONNX_MAX_ABS_DIFF} if task == "classify" else {"min_cosine": ONNX_MIN_COSINE}
+            {"max_abs_diff": ONNX_MAX_ABS_DIFF} if logits else {"min_cosine": ONNX_MIN_COSINE}
         )
-        passed = diff <= ONNX_MAX_ABS_DIFF if task == "classify" else cosine >= ONNX_MIN_COSINE
+        passed = diff <= ONNX_MAX_ABS_DIFF if logits else cosine >= ONNX_MIN_COSINE
     else:
         thresholds = {"min_cosine": TRT_MIN_COSINE}
-        if task == "classify":
+        if logits:
             thresholds["argmax"] = "equal"
         passed = cosine >= TRT_MIN_COSINE and (agree is not False)
     return ParityResult(artifact=artifact, sentences=len(reference), max_seq_len=max_seq_len, max_abs_diff=diff,

@@ -11,7 +11,7 @@ from contract import Task, output_name
 Format = Literal["onnx", "trt"]
 Device = Literal["gpu", "cpu"]
 Runtime = Literal["native", "python"]
-Pooling = Literal["mean", "cls"]
+Pooling = Literal["mean", "cls", "lasttoken"]
 Precision = Literal["fp32", "fp16"]
 
 DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -33,6 +33,8 @@ def _split_commas(value: Any) -> Any:
 
 
 CommaList = BeforeValidator(_split_commas)
+# `score_label: 1` in YAML is an index given as an int
+_IntAsText = BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v)
 
 
 class BuildRequest(BaseModel):
@@ -41,7 +43,7 @@ class BuildRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = Field(min_length=1, description="hub id or local directory")
-    task: str = Field(description="classify or embed")
+    task: str = Field(description="classify, embed or rerank")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", description="NAME of the repository entries")
     revision: str | None = None
     formats: Annotated[list[Format] | None, CommaList] = None
@@ -51,6 +53,18 @@ class BuildRequest(BaseModel):
     runtime: Runtime = "native"
     pooling: Pooling | None = None
     labels: Annotated[list[str] | None, CommaList] = None
+    pairs: bool | None = Field(default=None, description="classify: the model takes sentence pairs (text, text_pair); "
+                               "rerank always does")
+    score_label: Annotated[str | None, _IntAsText] = Field(
+        default=None, description="rerank: the label (name or index) whose logit scores relevance")
+    prompts: dict[str, str] | None = Field(
+        default=None, description="embed: prompt name -> text prepended to the input; extends and overrides the "
+        "model's config_sentence_transformers.json prompts")
+    default_prompt_name: str | None = Field(default=None, min_length=1,
+                                            description="embed: the prompt used when a request names none")
+    matryoshka_dims: Annotated[list[int] | None, CommaList] = Field(
+        default=None, description="embed: dimensions a request may truncate embeddings to (default: the config's "
+        "matryoshka_dimensions)")
     length_buckets: Annotated[list[int], CommaList] = Field(default_factory=lambda: list(DEFAULT_LENGTH_BUCKETS))
     dynamic_batching: bool = True
     max_queue_delay_us: int = Field(default=100, ge=0)
@@ -140,6 +154,13 @@ class ResolvedSettings(BaseModel):
     trt_opt_batch_size: int
     trt_workspace_mib: int
     skip_parity: bool
+    # defaults: what a build before these settings meant (callers resolving settings themselves leave them out)
+    pairs: bool = False  # tokenizer and ensemble take `text_pair` too
+    normalize: bool | None = None  # embed: what the model was trained with
+    prompts: dict[str, str] = Field(default_factory=dict)  # embed
+    default_prompt_name: str | None = None  # embed
+    matryoshka_dims: list[int] = Field(default_factory=list)  # embed: ascending, ending with the full dim; [] = none
+    score_label: int | None = None  # rerank: index of the scoring logit
 
     @property
     def output_name(self) -> str:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+)
 
 from builder.errors import BuildError
 
@@ -79,7 +84,11 @@ def hash_directory(path: Path) -> dict[str, str]:
 
 def _download(model: str, revision: str | None) -> tuple[Path, str]:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     try:
         patterns = HUB_PATTERNS + _weight_patterns(model, revision)
@@ -142,25 +151,101 @@ def model_max_seq_len(source: ModelSource) -> int:
     return limit
 
 
-def sentence_transformers_pooling(path: Path) -> str | None:
-    """`mean` or `cls` from a sentence-transformers `*_Pooling/config.json`, if the model has one."""
-    candidates = sorted(path.glob("*Pooling/config.json"))
-    modules = path / "modules.json"
-    if modules.is_file():
-        try:
-            for module in json.loads(modules.read_text()):
-                if str(module.get("type", "")).endswith("Pooling"):
-                    candidates.insert(0, path / module.get("path", "") / "config.json")
-        except (json.JSONDecodeError, AttributeError):
-            pass
+# sentence-transformers Pooling modes (legacy `pooling_mode_*` keys and the `pooling_mode` key of v5+)
+_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken",
+}
+SUPPORTED_POOLING = ("mean", "cls", "lasttoken")
+# Modules an embedding model may have: the encoder, its pooling and normalisation (all inside our graph or
+# published as parameters). Anything else (Dense, LayerNorm, ...) changes the embeddings.
+_KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+@dataclass(frozen=True)
+class SentenceTransformersConfig:
+    """How a sentence-transformers layout says the model is used (all None / empty without one)."""
+
+    modules: tuple[str, ...] | None = None  # module types of modules.json; None when there is no modules.json
+    pooling: str | None = None  # a mode the export can do
+    pooling_problem: str | None = None  # why the Pooling config cannot be honoured
+    max_seq_length: int | None = None  # sentence_bert_config.json
+    prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json
+    default_prompt_name: str | None = None
+
+    @property
+    def normalize(self) -> bool | None:
+        """Whether a Normalize module ends the pipeline; None without modules.json."""
+        return None if self.modules is None else any(m.endswith("Normalize") for m in self.modules)
+
+    def unsupported_modules(self) -> list[str]:
+        return [m for m in self.modules or () if not m.endswith(_KNOWN_MODULES)]
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file's content, or None when it does not exist; BuildError when it is not JSON."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BuildError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+
+
+def _pooling(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(mode, None) for a Pooling config the export can do, else (None, what it asks for)."""
+    mode = config.get("pooling_mode")
+    modes = [mode] if isinstance(mode, str) else list(mode or [])
+    if not modes:
+        modes = [name for key, name in _POOLING_KEYS.items() if config.get(key)] or ["mean"]
+    if len(modes) > 1:
+        return None, f"several pooling modes at once ({', '.join(map(str, modes))})"
+    if modes[0] not in SUPPORTED_POOLING:
+        return None, f"pooling mode {modes[0]!r}"
+    if config.get("include_prompt", True) is False:
+        return None, "include_prompt: false (prompt tokens left out of the pooling)"
+    return str(modes[0]), None
+
+
+def read_sentence_transformers(path: Path) -> SentenceTransformersConfig:
+    """modules.json, the Pooling module's config, sentence_bert_config.json and config_sentence_transformers.json."""
+    modules = _read_json(path / "modules.json")
+    if modules is not None and not isinstance(modules, list):
+        raise BuildError(f"cannot read {path / 'modules.json'}: not a list of modules")
+    module_types = None if modules is None else tuple(str(m.get("type", "")) for m in modules if isinstance(m, dict))
+    candidates = [path / str(m.get("path", "")) / "config.json" for m in modules or []
+                  if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling")]
+    candidates += sorted(path.glob("*Pooling/config.json"))
+    pooling: str | None = None
+    problem: str | None = None
     for candidate in candidates:
-        if candidate.is_file():
-            data = json.loads(candidate.read_text())
-            if data.get("pooling_mode_cls_token"):
-                return "cls"
-            if data.get("pooling_mode_mean_tokens"):
-                return "mean"
-    return None
+        data = _read_json(candidate)
+        if isinstance(data, dict):
+            pooling, problem = _pooling(data)
+            break
+    bert_config = _read_json(path / "sentence_bert_config.json")
+    max_seq_length = bert_config.get("max_seq_length") if isinstance(bert_config, dict) else None
+    st_config = _read_json(path / "config_sentence_transformers.json")
+    st_config = st_config if isinstance(st_config, dict) else {}
+    prompts, default = st_config.get("prompts"), st_config.get("default_prompt_name")
+    return SentenceTransformersConfig(
+        modules=module_types, pooling=pooling, pooling_problem=problem,
+        max_seq_length=int(max_seq_length) if isinstance(max_seq_length, int) and max_seq_length > 0 else None,
+        prompts={str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {},
+        default_prompt_name=str(default) if default else None,
+    )
+
+
+def config_matryoshka_dims(config: PretrainedConfig) -> list[int] | None:
+    """`matryoshka_dimensions` of the model's config.json, when it declares them."""
+    dims = getattr(config, "matryoshka_dimensions", None)
+    if not dims:
+        return None
+    try:
+        return [int(d) for d in dims]
+    except (TypeError, ValueError):
+        raise BuildError(f"config.json matryoshka_dimensions {dims!r} is not a list of integers") from None
 
 
 def config_labels(config: PretrainedConfig) -> list[str] | None:

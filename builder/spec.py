@@ -1,4 +1,6 @@
-"""Spec files: YAML with an optional `defaults:` mapping and a `models:` list; `${VAR}` / `${VAR:-default}` expand."""
+"""Spec files: YAML with an optional `defaults:` mapping and a `models:` list; `${VAR}` / `${VAR:-default}` expand.
+
+An entry with `enabled: false` (spec only; default true) is skipped."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from builder.errors import BuildError
 from builder.settings import BuildRequest
@@ -46,6 +48,16 @@ def _drop_empty(item: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in item.items() if v != ""}
 
 
+def _enabled(value: Any, where: str) -> bool:
+    """The entry's `enabled` key (true/false, yes/no, 1/0 once interpolated); absent or "" = true."""
+    if value == "":
+        return True
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        raise BuildError(f"{where}: invalid enabled: {value!r} is not true or false") from None
+
+
 def format_validation_error(error: ValidationError, where: str) -> str:
     first = error.errors()[0]
     field_name = ".".join(str(p) for p in first["loc"]) or "entry"
@@ -72,9 +84,13 @@ def load_spec(path: Path, environ: Mapping[str, str] | None = None) -> list[Buil
     for index, item in enumerate(data["models"]):
         if not isinstance(item, dict):
             raise BuildError(f"spec file {path}: models[{index}] must be a mapping")
-        merged = _drop_empty(interpolate({**_normalise_keys(defaults), **_normalise_keys(item)}, environ))
+        entry = {**_normalise_keys(defaults), **_normalise_keys(item)}
+        where = f"spec file {path}: models[{index}]"
+        if not _enabled(interpolate(entry.pop("enabled", True), environ), where):
+            continue  # before the rest is interpolated: a disabled entry needs none of its variables
+        merged = _drop_empty(interpolate(entry, environ))
         try:
             requests.append(BuildRequest.model_validate(merged))
         except ValidationError as exc:
-            raise BuildError(format_validation_error(exc, f"spec file {path}: models[{index}]")) from None
+            raise BuildError(format_validation_error(exc, where)) from None
     return requests

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Task = Literal["classify", "embed"]
+Task = Literal["classify", "embed", "rerank"]
 TASKS: tuple[Task, ...] = get_args(Task)
+# Which end of a text too long for max_seq_len is cut off (Hugging Face's `truncation_side`).
+TruncationDirection = Literal["right", "left"]
 
 # Backends as the repository names them (ensemble parameter `backend`, entry suffix) and as the
 # HTTP API names them (`"backend": "onnx" | "trt"`).
@@ -22,12 +24,16 @@ BACKEND_PREFERENCE: tuple[ApiBackend, ...] = ("trt", "onnx")  # TensorRT first w
 
 # Tensors.
 TEXT = "text"
+TEXT_PAIR = "text_pair"  # second text of a pair (models built with pairs: rerank, pair classifiers)
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 TOKEN_TYPE_IDS = "token_type_ids"
 TOKEN_INPUTS: tuple[str, str, str] = (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS)
 NUM_TOKENS = "num_tokens"
-OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings"}
+OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings", "rerank": "logits"}
+# Request parameter of an ensemble call that the tokenizer reads (Triton forwards an ensemble's
+# request parameters to its steps): `right` (default) or `left`.
+TRUNCATION_PARAMETER = "truncation_direction"
 
 # Files.
 TOKENIZER_FILE = "tokenizer.json"
@@ -48,6 +54,12 @@ class Param:
     EMBEDDING_DIM = "embedding_dim"
     POOLING = "pooling"
     SOURCE = "source"
+    PAIRS = "pairs"  # "true": the model takes text pairs (rerank, pair classifiers); TEXT_PAIR is an input
+    NORMALIZE = "normalize"  # embed: "true"/"false", what the model was trained with (sentence-transformers Normalize)
+    PROMPTS = "prompts"  # embed: JSON object prompt name -> text prepended to the input
+    DEFAULT_PROMPT = "default_prompt_name"  # embed: the prompt used when a request names none
+    MATRYOSHKA_DIMS = "matryoshka_dims"  # embed: comma list of the dimensions a request may truncate to
+    SCORE_LABEL = "score_label"  # rerank: index of the logit that scores relevance
     # tokenizer model
     LENGTH_BUCKETS = "length_buckets"
     PAD_TOKEN_ID = "pad_token_id"

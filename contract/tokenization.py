@@ -4,12 +4,15 @@ The builder copies this file next to the tokenizer's model.py in the repository,
 python-backend tokenizer (ensemble path) and the gateway (scheduler path) run the same code on
 the same tokenizer.json: only numpy and `tokenizers` may be imported here.
 
-Rules (docs/contract.md): special tokens are added; a text longer than `max_seq_len` keeps its
-first tokens and its trailing special tokens (what Hugging Face's truncation does for one
-sequence); `num_tokens` is the length before truncation.
+Rules (docs/contract.md): special tokens are added; a text (or pair) longer than `max_seq_len` is
+cut by the tokenizer's own truncation, exactly as Hugging Face's `truncation=True` does
+(`longest_first` for pairs, from the right unless `left` is asked), keeping its special tokens;
+`num_tokens` is the length before truncation.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -51,55 +54,107 @@ class EncodedTexts:
 
 
 class TextEncoder:
-    """A `tokenizers.Tokenizer` applying the repository's truncation rule."""
+    """A `tokenizers.Tokenizer` applying the repository's truncation rule to texts or text pairs."""
 
     def __init__(self, tokenizer: Tokenizer, max_seq_len: int) -> None:
         self.tokenizer = tokenizer
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.max_seq_len = max_seq_len
+        self._truncating: dict[str, Tokenizer] = {}  # by direction, made on first use
+        self._specials: tuple[list[int], list[int]] | None = None
 
     @classmethod
     def from_file(cls, path: str, max_seq_len: int) -> "TextEncoder":
         return cls(Tokenizer.from_file(path), max_seq_len)
 
-    def encode(self, texts: list[str]) -> EncodedTexts:
-        """Tokenize `texts` (one call; several texts run in parallel in Rust)."""
-        if len(texts) == 1:
-            encodings = [self._encode_one(texts[0])]
-        else:
-            try:
-                encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
-            except (TypeError, ValueError, UnicodeError):  # a lone surrogate somewhere: clean every text
-                encodings = self.tokenizer.encode_batch([clean_text(t) for t in texts], add_special_tokens=True)
+    def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right") -> EncodedTexts:
+        """Tokenize `texts` (or the pairs `texts[i]`, `pairs[i]`) in one call (parallel in Rust); rows over
+        max_seq_len are cut from `direction` as Hugging Face's truncation cuts them."""
+        if direction not in ("right", "left"):
+            raise ValueError(f"truncation direction must be right or left, not {direction!r}")
+        inputs: list[Any] = texts if pairs is None else list(zip(texts, pairs))
+        encodings = _encode(self.tokenizer, inputs)
         ids: list[np.ndarray] = []
         types: list[np.ndarray] = []
         any_type = False
         num_tokens = np.empty(len(encodings), dtype=np.int32)
+        over: list[int] = []
         for i, encoding in enumerate(encodings):
-            row_ids, row_types = self._truncate(encoding)
-            num_tokens[i] = len(encoding.ids)
+            row_ids, row_types = encoding.ids, encoding.type_ids
+            num_tokens[i] = len(row_ids)
+            if len(row_ids) > self.max_seq_len:
+                if pairs is not None:  # longest-first over two texts: the tokenizer's own truncation, below
+                    over.append(i)
+                else:
+                    row_ids, row_types = self._cut(encoding, row_ids, row_types, direction)
             ids.append(np.asarray(row_ids, dtype=np.int32))
             type_array = np.asarray(row_types, dtype=np.int32)
             types.append(type_array)
             any_type = any_type or bool(type_array.any())
+        if over:
+            for i, encoding in zip(over, _encode(self._truncator(direction), [inputs[i] for i in over])):
+                ids[i] = np.asarray(encoding.ids, dtype=np.int32)
+                types[i] = np.asarray(encoding.type_ids, dtype=np.int32)
         return EncodedTexts(ids, types if any_type else None, num_tokens)
 
-    def _encode_one(self, text: str) -> Encoding:
-        try:
-            return self.tokenizer.encode(text, add_special_tokens=True)
-        except (TypeError, ValueError, UnicodeError):
-            return self.tokenizer.encode(clean_text(text), add_special_tokens=True)
-
-    def _truncate(self, encoding: Encoding) -> tuple[list[int], list[int]]:
-        """ids and type ids cut to max_seq_len, keeping the trailing special tokens."""
-        ids, types = encoding.ids, encoding.type_ids
-        if len(ids) <= self.max_seq_len:
-            return ids, types
+    def _cut(self, encoding: Encoding, ids: list[int], types: list[int], direction: str) -> tuple[list[int], list[int]]:
+        """One text's ids and type ids cut to max_seq_len, keeping its leading and trailing special tokens
+        (what the tokenizer's truncation does to one sequence before its special tokens are added)."""
         special = encoding.special_tokens_mask
+        head = 0
+        while head < len(special) and special[head]:
+            head += 1
         tail = 0
-        while tail < len(special) and special[len(special) - 1 - tail]:
+        while tail < len(special) - head and special[len(special) - 1 - tail]:
             tail += 1
-        tail = min(tail, self.max_seq_len)
-        keep = self.max_seq_len - tail
-        return ids[:keep] + ids[len(ids) - tail:], types[:keep] + types[len(types) - tail:]
+        head, tail = min(head, self.max_seq_len), min(tail, max(self.max_seq_len - head, 0))
+        keep = self.max_seq_len - head - tail
+        end = len(ids) - tail
+        start = head if direction == "right" else end - keep
+        return (ids[:head] + ids[start : start + keep] + ids[end:],
+                types[:head] + types[start : start + keep] + types[end:])
+
+    def encode_ids(self, rows: list[list[int]]) -> EncodedTexts:
+        """Texts given as token ids without special tokens (what `encode` gives, specials removed):
+        the special tokens are added, and content over max_seq_len is cut from the right."""
+        head, tail = self.special_ids()
+        room = max(self.max_seq_len - len(head) - len(tail), 0)
+        ids = [np.asarray(head + list(row[:room]) + tail, dtype=np.int32) for row in rows]
+        num_tokens = np.fromiter((len(head) + len(row) + len(tail) for row in rows), dtype=np.int32, count=len(rows))
+        return EncodedTexts(ids, None, num_tokens)
+
+    def special_ids(self) -> tuple[list[int], list[int]]:
+        """The special token ids one text starts and ends with (e.g. [CLS] and [SEP])."""
+        if self._specials is None:
+            probe = self.tokenizer.encode("a", add_special_tokens=True)
+            mask = probe.special_tokens_mask
+            head = next((i for i, m in enumerate(mask) if not m), len(mask))
+            tail = next((i for i, m in enumerate(reversed(mask)) if not m), 0)
+            self._specials = (probe.ids[:head], probe.ids[len(mask) - tail:])
+        return self._specials
+
+    def _truncator(self, direction: str) -> Tokenizer:
+        tokenizer = self._truncating.get(direction)
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(self.max_seq_len, strategy="longest_first", direction=direction)
+            self._truncating[direction] = tokenizer
+        return tokenizer
+
+
+def _encode(tokenizer: Tokenizer, inputs: list[Any]) -> list[Encoding]:
+    """Encodings with special tokens; a lone surrogate anywhere is replaced (U+FFFD) and tried again."""
+    try:
+        return _encode_once(tokenizer, inputs)
+    except (TypeError, ValueError, UnicodeError):
+        return _encode_once(tokenizer, [clean_text(i) if isinstance(i, str) else tuple(map(clean_text, i))
+                                        for i in inputs])
+
+
+def _encode_once(tokenizer: Tokenizer, inputs: list[Any]) -> list[Encoding]:
+    if len(inputs) == 1:  # one text: skip encode_batch's thread pool
+        one = inputs[0]
+        return [tokenizer.encode(one) if isinstance(one, str) else tokenizer.encode(one[0], one[1])]
+    return tokenizer.encode_batch(inputs, add_special_tokens=True)

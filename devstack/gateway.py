@@ -29,6 +29,7 @@ class GatewayProcess:
     settings: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     startup_timeout_s: float = 60.0
+    code_root: Path = REPO_ROOT  # another checkout (e.g. a git worktree of an older revision) to run instead
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _cleaned_up: bool = field(default=False, init=False, repr=False)  # of this `process`
 
@@ -43,7 +44,7 @@ class GatewayProcess:
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         env.update({"GATEWAY_TRITON_URL": self.triton_url, "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(self.port)})
         env.update({f"GATEWAY_{k.upper()}": str(v) for k, v in self.settings.items()})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.code_root), env.get("PYTHONPATH", "")) if p)
         return env
 
     def start(self) -> Self:
@@ -51,7 +52,7 @@ class GatewayProcess:
         with open(self.log_path or os.devnull, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gateway"],
-                cwd=REPO_ROOT,
+                cwd=self.code_root,
                 env=self.environment(),
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -8,10 +8,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
+from opentelemetry.trace import TracerProvider
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
+from gateway import tracing
 from gateway.api.errors import install_error_handlers
 from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.responses import OrjsonResponse
@@ -22,9 +24,11 @@ from gateway.service.runtime import Runtime
 from gateway.settings import GatewaySettings, get_settings
 
 
-def create_app(settings: GatewaySettings | None = None) -> FastAPI:
-    """Build the gateway app; `settings` default to the environment's."""
+def create_app(settings: GatewaySettings | None = None, *, tracer_provider: TracerProvider | None = None) -> FastAPI:
+    """Build the gateway app; `settings` default to the environment's. Spans go to `tracer_provider`,
+    else to what the OTEL_* variables ask for (gateway/tracing.py), else nowhere."""
     settings = settings or get_settings()
+    tracer_provider = tracing.configure(tracer_provider)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -35,6 +39,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             yield
         finally:
             await runtime.close()
+            tracing.shutdown()
             mark_worker_dead(os.getpid())
 
     app = FastAPI(
@@ -45,6 +50,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json" if settings.docs else None,
+        telemetry=tracing.fastapi_telemetry(tracer_provider),
     )
     install_error_handlers(app)
     app.include_router(api)

@@ -24,6 +24,7 @@ class ErrorKind(StrEnum):
     UNAVAILABLE = "unavailable"  # Triton or the model is not there (restart, unload, shutdown)
     UPSTREAM = "upstream_error"  # Triton answered something the contract does not allow
     TIMEOUT = "timeout"
+    NOT_IMPLEMENTED = "not_implemented"  # the deployment cannot do this (e.g. no tokenizer readable here)
     INTERNAL = "internal_error"
 
 

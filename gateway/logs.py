@@ -8,6 +8,8 @@ import time
 
 import orjson
 
+from gateway import tracing
+
 _STD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 
 
@@ -22,6 +24,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STD})
+        trace_id = tracing.trace_id()  # logged inside a traced request: join the line to its trace
+        if trace_id is not None:
+            entry["trace_id"] = trace_id
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()

@@ -57,6 +57,9 @@ class GatewaySettings(BaseSettings):
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")
     startup_timeout_s: float = Field(5.0, gt=0, description="How long start-up waits for Triton before serving.")
+    ready_probe_timeout_s: float = Field(
+        2.0, gt=0, description="`/readyz?deep=1`: deadline of the one-token request through each served model."
+    )
     refresh_interval_s: float = Field(2.0, ge=0, description="Least time between two model re-discoveries.")
     max_inputs: int = Field(2048, ge=1, description="Most input texts in one request (413 above).")
     max_body_bytes: int = Field(

@@ -203,8 +203,13 @@ def gateway_environments(env_file: Path) -> dict[str, dict[str, str]]:
 
 def test_compose_gateway_gets_exactly_the_gateway_settings(tmp_path: Path) -> None:
     env_file = tmp_path / ".env"
-    env_file.write_text("HF_TOKEN=secret\nGRAFANA_ADMIN_PASSWORD=pw\nGATEWAY_API_KEYS=k1,k2\nUNRELATED=x\n")
-    expected = {f"GATEWAY_{name.upper()}" for name in GatewaySettings.model_fields}
+    env_file.write_text("HF_TOKEN=secret\nGRAFANA_ADMIN_PASSWORD=pw\nGATEWAY_API_KEYS=k1,k2\nUNRELATED=x\n"
+                        "OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318\n")
+    # ... and the OpenTelemetry variables .env.example documents (gateway/tracing.py)
+    tracing = {line.split("=", 1)[0] for line in (REPO_ROOT / ".env.example").read_text().splitlines()
+               if line.startswith("OTEL_")}
+    assert {"OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME"} <= tracing
+    expected = {f"GATEWAY_{name.upper()}" for name in GatewaySettings.model_fields} | tracing
     for variant, env in gateway_environments(env_file).items():
         missing, extra = sorted(expected - set(env)), sorted(set(env) - expected)
         assert not missing, f"{variant}: settings without a line in the gateway's compose environment: {missing}"
@@ -213,3 +218,4 @@ def test_compose_gateway_gets_exactly_the_gateway_settings(tmp_path: Path) -> No
         assert env["GATEWAY_API_KEYS"] == "k1,k2"  # .env's GATEWAY_* lines still configure it
         assert env["GATEWAY_TRITON_URL"] == "triton:8001" and env["GATEWAY_REPOSITORY"] == "/model_repository/models"
         assert env["GATEWAY_SHM"] == "system" and env["GATEWAY_MAX_INPUTS"] == ""  # empty = the setting's default
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318" and env["OTEL_TRACES_EXPORTER"] == ""

@@ -24,6 +24,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.UNSUPPORTED_MEDIA: 415,
     ErrorKind.RATE_LIMITED: 429,
     ErrorKind.INTERNAL: 500,
+    ErrorKind.NOT_IMPLEMENTED: 501,
     ErrorKind.UPSTREAM: 502,
     ErrorKind.OVERLOADED: 503,
     ErrorKind.UNAVAILABLE: 503,

@@ -64,6 +64,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         rid = request_id(scope, self.header)
+        scope.setdefault("state", {})["request_id"] = rid  # request.state.request_id for the routes
         rid_header = (self.header_name, rid.encode("ascii"))
         status = 500
         started = finished = disconnected = False

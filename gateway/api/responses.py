@@ -7,6 +7,8 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse
 
+from gateway import tracing
+
 
 class OrjsonResponse(JSONResponse):
     """JSON via orjson; numpy arrays are written without a Python-list detour. A JSONResponse, so that
@@ -15,4 +17,5 @@ class OrjsonResponse(JSONResponse):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        with tracing.span("serialize"):
+            return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)

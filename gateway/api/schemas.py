@@ -19,10 +19,28 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+Pair = Annotated[list[Text], Field(min_length=2, max_length=2)]
+ClassifyInputs = Annotated[
+    Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[Pair], Field(min_length=1)],
+    Field(
+        description="One non-empty text, a non-empty list, or (models built with pairs) a list of "
+        "[text, text_pair] pairs.",
+        examples=[["the movie was great"], [["A man is eating.", "Someone eats food."]]],
+    ),
+]
+Direction = Annotated[
+    Literal["right", "left"],
+    Field(description="Which end of an over-long input is cut off (pairs: the longer text first).",
+          examples=["left"]),
+]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class ClassifyRequest(_Request):
     model: str | None = Field(None, description="Served model NAME; optional when one classifier is served.")
-    inputs: Inputs
+    inputs: ClassifyInputs
     truncate: bool = Field(True, description="Truncate texts over max_seq_len (else 413).")
+    truncation_direction: Direction = "right"
     backend: Backend | None = Field(None, description="Force a backend; default TensorRT when built.")
 
 
@@ -45,8 +63,17 @@ class ClassifyResponse(BaseModel):
 class EmbedRequest(_Request):
     model: str | None = Field(None, description="Served model NAME; optional when one embedder is served.")
     inputs: Inputs
-    normalize: bool = True
+    normalize: bool | None = Field(
+        None, description="L2-normalize the vectors; default: as the model was trained (its Normalize module).",
+        examples=[True])
     truncate: bool = True
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(
+        None, description="A prompt of the model (GET /v1/models shows them) prepended to every input; "
+        "default: the model's default prompt, if any.", examples=["query"])
+    dimensions: int | None = Field(
+        None, ge=1, description="Keep the first N components, then normalize (models built with matryoshka "
+        "dimensions; GET /v1/models lists them).", examples=[64])
     backend: Backend | None = None
 
 
@@ -57,15 +84,105 @@ class EmbedResponse(BaseModel):
     usage: Usage
 
 
+class RerankRequest(_Request):
+    """text-embeddings-inference's `POST /rerank`."""
+
+    model: str | None = Field(None, description="Served reranker NAME; optional when one is served.")
+    query: Text = Field(examples=["What is Deep Learning?"])
+    texts: Annotated[list[Text], Field(min_length=1)] = Field(
+        description="The texts to rank against the query.", examples=[["Deep learning is ...", "Paris is ..."]])
+    raw_scores: bool = Field(False, description="Return the model's logit instead of the sigmoid/softmax score.",
+                             examples=[False])
+    return_text: bool = Field(False, description="Repeat each text in its result.", examples=[True])
+    truncate: bool = Field(True, description="Truncate pairs over max_seq_len (else 413).")
+    truncation_direction: Direction = "right"
+    backend: Backend | None = None
+
+
+class Rank(BaseModel):
+    index: int = Field(description="Position of the text in the request.")
+    score: float
+    text: str | None = Field(None, description="With return_text only.")
+
+
+class Document(_Request):
+    text: Text
+
+
+class CohereRerankRequest(BaseModel):
+    """Cohere/Jina-style `POST /v1/rerank` (fields of other API versions are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = Field(None, examples=["reranker"])
+    query: Text = Field(examples=["What is Deep Learning?"])
+    documents: Annotated[list[Text | Document], Field(min_length=1)] = Field(
+        description="Texts, or objects with a `text`.", examples=[["Deep learning is ...", {"text": "Paris is ..."}]])
+    top_n: int | None = Field(None, ge=1, description="Return the best N only (default: all).", examples=[3])
+    return_documents: bool = Field(True, description="Include each document's text in its result.",
+                                   examples=[False])
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: Document | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
+class TokenizeRequest(_Request):
+    """text-embeddings-inference's `POST /tokenize`."""
+
+    model: str | None = Field(None, description="Served model NAME; optional when one model is served.")
+    inputs: Inputs
+    add_special_tokens: bool = Field(True, examples=[False])
+    prompt_name: str | None = Field(None, description="Tokenize with this prompt of the model prepended.",
+                                    examples=["query"])
+
+
+class Token(BaseModel):
+    id: int
+    text: str = Field(description="The input characters of the token (the token itself when special).")
+    special: bool
+    start: int | None = Field(description="Character offset in the input; null for special tokens.")
+    stop: int | None
+
+
+class DecodeRequest(_Request):
+    """text-embeddings-inference's `POST /decode`."""
+
+    model: str | None = Field(None, description="Served model NAME; optional when one model is served.")
+    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(examples=[[2, 59, 3]])
+    skip_special_tokens: bool = Field(True, examples=[False])
+
+
 class OpenAIEmbeddingRequest(BaseModel):
-    """OpenAI `POST /v1/embeddings` body (token-array inputs are not supported)."""
+    """OpenAI `POST /v1/embeddings` body."""
 
     model_config = ConfigDict(extra="ignore", strict=True)  # OpenAI clients send fields of newer API versions
 
-    input: Inputs
+    input: Inputs | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
+        description="Text(s), or token ids of this model's own tokenizer without special tokens (what "
+        "/tokenize gives with add_special_tokens: false); one list per input.",
+        examples=["hello world", [[59, 60]]],
+    )
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: int | None = Field(None, ge=1, description="Matryoshka models: keep the first N, renormalized.",
+                                   examples=[64])
+    input_type: Literal["query", "passage"] | None = Field(
+        None, description="NVIDIA NIM style: applies the model's `query` or `passage` prompt (text input only).",
+        examples=["query"])
     user: str | None = None
 
 
@@ -94,7 +211,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "gateway"
-    task: Literal["classify", "embed"]
+    task: Literal["classify", "embed", "rerank"]
     backends: list[Backend]
     default_backend: Backend
     max_tokens: int
@@ -103,8 +220,15 @@ class ModelCard(BaseModel):
         description="scheduler: the gateway tokenizes and batches by length; ensemble: Triton's ensemble does it."
     )
     labels: list[str] | None = None
+    pairs: bool = Field(False, description="Takes [text, text_pair] pairs (rerankers, pair classifiers).")
     dimensions: int | None = None
     pooling: str | None = None
+    normalize: bool | None = Field(None, description="embed: the default of `normalize`.", examples=[True])
+    prompts: dict[str, str] | None = Field(None, description="embed: prompt name -> prefix.",
+                                           examples=[{"query": "query: ", "passage": "passage: "}])
+    default_prompt_name: str | None = Field(None, examples=["passage"])
+    matryoshka_dimensions: list[int] | None = Field(
+        None, description="embed: the `dimensions` a request may ask for.", examples=[[16, 32]])
 
 
 class ModelList(BaseModel):
@@ -121,6 +245,9 @@ class Readiness(BaseModel):
 
     status: Literal["ready", "not ready"]
     models: list[str]
+    checks: dict[str, str] | None = Field(
+        None, description="`?deep=1`: per model, `ok` or why a one-token request through it failed.",
+        examples=[{"reranker": "ok"}])
 
 
 class ErrorBody(BaseModel):

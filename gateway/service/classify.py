@@ -1,4 +1,4 @@
-"""Classification: softmax over the ensemble's logits, labels from the repository."""
+"""Classification of texts or text pairs: softmax over the model's logits, labels from the repository."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from gateway.service.inference import Inference
+from gateway.errors import invalid
+from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
 
 
@@ -27,10 +28,19 @@ def predictions(labels: tuple[str, ...], probs: np.ndarray) -> list[dict[str, An
     ]
 
 
+def check_pairs(model: ServedModel, pairs: bool) -> None:
+    """400 when a request sends pairs to a single-text model, or single texts to a pair model."""
+    if pairs and not model.pairs:
+        raise invalid(f"model {model.name!r} takes single texts, not pairs", type="pairs_not_supported")
+    if model.pairs and not pairs:
+        raise invalid(f"model {model.name!r} takes text pairs: send inputs as [[text, text_pair], ...]",
+                      type="pairs_required")
+
+
 async def classify(
-    inference: Inference, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None,
+    inference: Inference, model: ServedModel, inputs: Inputs, *, truncate: bool, backend: Backend | None,
     deadline: float,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Predictions for `texts` in order, and the billed token count."""
-    result = await inference.run(model, texts, truncate=truncate, backend=backend, deadline=deadline)
+    """Predictions for `inputs` in order, and the billed token count."""
+    result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
     return predictions(model.labels, softmax(result.outputs)), result.tokens

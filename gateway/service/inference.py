@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contract import NUM_TOKENS, TEXT, TOKEN_INPUTS
+from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TOKEN_INPUTS, TruncationDirection
 from contract.batching import ROW_PAD_LIMIT, Shapes
-from contract.tokenization import EncodedTexts, TextEncoder
-from gateway.errors import ErrorKind, GatewayError
+from contract.tokenization import TextEncoder
+from gateway import tracing
+from gateway.errors import ErrorKind, GatewayError, invalid
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
 from gateway.service.registry import Backend, Endpoint, ServedModel
@@ -43,6 +44,19 @@ log = logging.getLogger("gateway.inference")
 # a GPU call costs about a thousand tokens of bert-base compute or more in fixed overhead, a CPU call
 # almost none. A GPU step that declares no shapes (an older build) gets widths of a multiple of 8.
 _CALL_COST_TOKENS = {"GPU": 1024, "CPU": 64}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What one request infers: texts, or text pairs, or texts given as token ids (no special tokens)."""
+
+    texts: list[str]
+    pairs: list[str] | None = None  # second texts of pairs, one per text
+    direction: TruncationDirection = "right"  # which end of an over-long input is cut off
+    token_ids: list[list[int]] | None = None  # instead of texts: the model's own token ids
+
+    def __len__(self) -> int:
+        return len(self.token_ids) if self.token_ids is not None else len(self.texts)
 
 
 @dataclass(frozen=True)
@@ -100,17 +114,21 @@ class Inference:
         return "scheduler" if endpoint.step_model in self.pipelines else "ensemble"
 
     async def run(
-        self, model: ServedModel, texts: list[str], *, truncate: bool, backend: Backend | None, deadline: float
+        self, model: ServedModel, inputs: Inputs, *, truncate: bool, backend: Backend | None, deadline: float
     ) -> BatchResult:
-        """Infer all `texts` (any count) on `model` by `deadline` (time.monotonic()); 413 before any
-        inference when `truncate` is off and a text is too long (where the gateway can tokenize)."""
+        """Infer all `inputs` (any count) on `model` by `deadline` (time.monotonic()); 413 before any
+        inference when `truncate` is off and an input is too long (where the gateway can tokenize)."""
         endpoint = model.endpoint(backend)
         pipeline = self.pipelines.get(endpoint.step_model)
         try:
             if pipeline is None:
-                return await self._run_ensemble(model, endpoint, texts, truncate, deadline)
+                return await self._run_ensemble(model, endpoint, inputs, truncate, deadline)
             start = time.perf_counter()
-            encoded: EncodedTexts = await pipeline.tokenizer.encode(texts)
+            with tracing.span("tokenize"):
+                if inputs.token_ids is not None:
+                    encoded = pipeline.tokenizer.encoder.encode_ids(inputs.token_ids)
+                else:
+                    encoded = await pipeline.tokenizer.encode(inputs.texts, inputs.pairs, inputs.direction)
             pipeline.metrics.tokenize.observe(time.perf_counter() - start)
             tokens = _check_lengths(model, encoded.num_tokens, truncate)
             outputs = await pipeline.scheduler.submit(encoded, deadline)
@@ -120,35 +138,49 @@ class Inference:
                 self._on_model_gone()
             raise
 
+    def encoder_for(self, model: ServedModel) -> TextEncoder | None:
+        """The tokenizer the gateway runs for `model` (None when it cannot read the model's tokenizer)."""
+        endpoint = model.endpoint(None)
+        pipeline = self.pipelines.get(endpoint.step_model)
+        return pipeline.tokenizer.encoder if pipeline is not None else self.encoders.get(model.name)
+
     async def _run_ensemble(
-        self, model: ServedModel, endpoint: Endpoint, texts: list[str], truncate: bool, deadline: float
+        self, model: ServedModel, endpoint: Endpoint, inputs: Inputs, truncate: bool, deadline: float
     ) -> BatchResult:
+        if inputs.token_ids is not None:
+            raise invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
+                          "(GATEWAY_REPOSITORY); send text", type="token_input_unsupported")
+        texts, pairs = inputs.texts, inputs.pairs
         encoder = self.encoders.get(model.name)
         if not truncate and encoder is not None:  # refuse before paying for the inference
-            _check_lengths(model, (await asyncio.to_thread(encoder.encode, texts)).num_tokens, truncate)
+            encoded_here = await asyncio.to_thread(encoder.encode, texts, pairs, inputs.direction)
+            _check_lengths(model, encoded_here.num_tokens, truncate)
         backlog = self.backlogs.get(endpoint.triton_model)
         if backlog is None:
             backlog = self.backlogs[endpoint.triton_model] = Backlog(
                 endpoint.triton_model, "texts", self.settings.max_queue_wait_s)
         backlog.admit(len(texts), deadline)
         encoded = [t.encode() for t in texts]  # the API admits valid Unicode only
+        second = [t.encode() for t in pairs] if pairs is not None else None
         size = endpoint.max_batch_size
-        chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
+        starts = range(0, len(encoded), size)
+        chunks = [(encoded[i : i + size], second[i : i + size] if second is not None else None) for i in starts]
         output = Output(model.output_name, model.output_width, model.name)
 
         served, settled = 0, False
 
-        async def call(chunk: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        async def call(chunk: tuple[list[bytes], list[bytes] | None]) -> tuple[np.ndarray, np.ndarray]:
             nonlocal served
             backlog.calls += 1
             concurrency, start = backlog.calls, time.perf_counter()
             try:
-                result = await self.client.infer_ensemble(endpoint.triton_model, chunk, output, deadline)
+                result = await self.client.infer_ensemble(
+                    endpoint.triton_model, chunk[0], output, deadline, pairs=chunk[1], direction=inputs.direction)
             finally:
                 backlog.calls -= 1
             if not settled:  # a sibling chunk failed and the request's texts left the backlog already
-                backlog.served(len(chunk), time.perf_counter() - start, concurrency)
-                served += len(chunk)
+                backlog.served(len(chunk[0]), time.perf_counter() - start, concurrency)
+                served += len(chunk[0])
             return result
 
         try:
@@ -273,6 +305,8 @@ class Inference:
             model.output_name: mb * model.output_width * 4,
             NUM_TOKENS: mb * 4,
         }
+        if model.pairs:
+            sizes[TEXT_PAIR] = sizes[TEXT]
         await self.client.ensure_pool(endpoint.triton_model, sizes, s.shm_pool_size)
 
     async def close(self) -> None:

@@ -65,6 +65,12 @@ class ServedModel:
     embedding_dim: int = 0
     pooling: str = ""
     source: str = ""
+    pairs: bool = False  # takes text pairs (rerank, pair classifiers) instead of single texts
+    normalize: bool = True  # embed: the default of `normalize` (what the model was trained with)
+    prompts: dict[str, str] = field(default_factory=dict)  # embed: prompt name -> prefix
+    default_prompt: str = ""  # embed: the prompt used when a request names none
+    matryoshka_dims: tuple[int, ...] = ()  # embed: dimensions a request may truncate to
+    score_label: int = 0  # rerank: the logit that scores relevance
     tokenizer: TokenizerInfo | None = None
     endpoints: dict[Backend, Endpoint] = field(default_factory=dict)
 
@@ -74,7 +80,7 @@ class ServedModel:
 
     @property
     def output_width(self) -> int:
-        return len(self.labels) if self.task == "classify" else self.embedding_dim
+        return self.embedding_dim if self.task == "embed" else len(self.labels)
 
     @property
     def default_backend(self) -> Backend:
@@ -112,6 +118,23 @@ def _labels(text: str) -> tuple[str, ...]:
     return tuple(labels)
 
 
+def _flag(params: dict[str, str], key: str, default: bool) -> bool:
+    value = params.get(key, "").strip().lower()
+    if not value:
+        return default
+    if value not in ("true", "false"):
+        raise ValueError(f"parameter {key} must be true or false, not {value[:20]!r}")
+    return value == "true"
+
+
+def _prompts(text: str) -> dict[str, str]:
+    """An embedder's prompts: a JSON object of prompt name -> prefix text."""
+    prompts = orjson.loads(text or "{}")
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError(f"prompts must be a JSON object of strings, not {text[:80]!r}")
+    return prompts
+
+
 def parse_ensemble(
     config: model_config_pb2.ModelConfig, others: dict[str, model_config_pb2.ModelConfig] | None = None
 ) -> tuple[ServedModel, Endpoint] | None:
@@ -131,13 +154,25 @@ def parse_ensemble(
         name=params.get(Param.MODEL_NAME) or config.name,
         task=task,  # type: ignore[arg-type]
         max_seq_len=int(params.get(Param.MAX_SEQ_LEN, "512")),
-        labels=_labels(params[Param.LABELS]) if task == "classify" else (),
+        labels=_labels(params[Param.LABELS]) if task != "embed" else (),
         embedding_dim=int(params.get(Param.EMBEDDING_DIM, "0")),
         pooling=params.get(Param.POOLING, ""),
         source=params.get(Param.SOURCE, ""),
+        pairs=task == "rerank" or _flag(params, Param.PAIRS, False),
+        normalize=_flag(params, Param.NORMALIZE, True),
+        prompts=_prompts(params.get(Param.PROMPTS, "")),
+        default_prompt=params.get(Param.DEFAULT_PROMPT, ""),
+        matryoshka_dims=parse_sizes(params.get(Param.MATRYOSHKA_DIMS, "")),
+        score_label=int(params.get(Param.SCORE_LABEL, "0") or 0),
     )
     if model.max_seq_len <= 0:
         raise ValueError(f"max_seq_len {model.max_seq_len} is not positive")
+    if model.default_prompt and model.default_prompt not in model.prompts:
+        raise ValueError(f"default prompt {model.default_prompt!r} is not one of its prompts")
+    if task == "rerank" and not 0 <= model.score_label < len(model.labels):
+        raise ValueError(f"score_label {model.score_label} is not an index of its {len(model.labels)} logits")
+    if any(d > model.embedding_dim or d <= 0 for d in model.matryoshka_dims):
+        raise ValueError(f"matryoshka_dims {model.matryoshka_dims} outside 1..{model.embedding_dim}")
     if model.output_width <= 0:
         log.warning("ensemble %s has no labels/embedding_dim; skipped", config.name)
         return None
@@ -201,6 +236,20 @@ class Registry:
     def refresh_due(self) -> bool:
         return time.monotonic() - self._last_refresh >= self.refresh_interval_s
 
+    def resolve_any(self, name: str | None) -> ServedModel:
+        """The model a request names, or the only one served (routes that work with any task)."""
+        if name is None:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            if not self.models:
+                raise GatewayError(ErrorKind.NOT_FOUND, "no model is served")
+            raise invalid(f"several models are served ({sorted(self.models)}): name one in `model`",
+                          type="model_required")
+        model = self.models.get(name)
+        if model is None:
+            raise GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
+        return model
+
     def resolve(self, name: str | None, task: Task) -> ServedModel:
         """The model a request names (or the only one of `task`), checked against the task."""
         if name is None:
@@ -217,5 +266,5 @@ class Registry:
         if model is None:
             raise GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
         if model.task != task:
-            raise invalid(f"model {name!r} is a {model.task} model, not {task}", type="wrong_task")
+            raise invalid(f"model {name!r} serves the {model.task} task, not {task}", type="wrong_task")
         return model

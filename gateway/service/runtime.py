@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from tritonclient.grpc import model_config_pb2
 
 from gateway.errors import GatewayError
-from gateway.service.inference import Inference
+from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Registry, ServedModel, Task
 from gateway.settings import GatewaySettings
 from gateway.triton.client import TritonClient
@@ -88,6 +89,36 @@ class Runtime:
                 raise
         await self.refresh()
         return self.registry.resolve(name, task)
+
+    async def any_model(self, name: str | None) -> ServedModel:
+        """The model a request names (any task), or the only one served; re-discovers once like `model`."""
+        try:
+            return self.registry.resolve_any(name)
+        except GatewayError:
+            if not self.registry.refresh_due():
+                raise
+        await self.refresh()
+        return self.registry.resolve_any(name)
+
+    async def probe(self) -> dict[str, str]:
+        """Run a one-token request through every served model: `ok` or what failed, by model name."""
+        timeout = self.settings.ready_probe_timeout_s
+
+        async def one(model: ServedModel) -> str:
+            inputs = Inputs(["a"], ["a"] if model.pairs else None)
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.inference.run(model, inputs, truncate=True, backend=None,
+                                             deadline=time.monotonic() + timeout)
+            except GatewayError as exc:
+                return f"{exc.type}: {exc.message}"
+            except TimeoutError:
+                return f"timeout: no answer within {timeout}s"
+            return "ok"
+
+        models = list(self.registry.models.values())
+        results = await asyncio.gather(*map(one, models))
+        return {m.name: r for m, r in zip(models, results)}
 
     async def ready(self) -> bool:
         """Triton ready, at least one model served, and every served ensemble loaded."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from contract.batching import Shapes, plan_batches
 from contract.tokenization import EncodedTexts
+from gateway import tracing
 from gateway.errors import ErrorKind, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
@@ -62,7 +63,7 @@ class _Batch:
 class _Caller:
     """One submit(): where its rows' outputs go, how many are still missing, and by when."""
 
-    __slots__ = ("future", "outputs", "remaining", "deadline", "batches")
+    __slots__ = ("future", "outputs", "remaining", "deadline", "batches", "trace")
 
     def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray, deadline: float) -> None:
         self.future = future
@@ -70,6 +71,7 @@ class _Caller:
         self.remaining = len(outputs)
         self.deadline = deadline
         self.batches: list[_Batch] = []
+        self.trace: tracing.Waiting | None = None  # its `queue` span and request context, when tracing
         future.add_done_callback(self._gone)
 
     def _gone(self, future: asyncio.Future[np.ndarray]) -> None:
@@ -118,6 +120,7 @@ class BatchScheduler:
         self.backlog.admit(sum(len(ids) for ids in encoded.ids), deadline)
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline)
+        caller.trace = tracing.queued(self.name, len(encoded), future)
         now = time.perf_counter()
         types = encoded.type_ids
         rows = [_Row(caller, i, ids, types[i] if types is not None else None, now) for i, ids in enumerate(encoded.ids)]
@@ -189,7 +192,9 @@ class BatchScheduler:
         try:
             ids, mask, types = self._tensors(batch, rows)
             self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=tokens, waited=start - batch[0].since)
-            outputs = await self._run_batch(ids, mask, types, max(row.caller.deadline for row in batch))
+            with tracing.batch(self.name, (row.caller.trace for row in batch), rows=len(batch), tokens=tokens,
+                               padded_rows=ids.shape[0], width=ids.shape[1]):
+                outputs = await self._run_batch(ids, mask, types, max(row.caller.deadline for row in batch))
             self.backlog.served(tokens, time.perf_counter() - start, concurrency)
             handle.served = True
             for row, output in zip(batch, outputs):

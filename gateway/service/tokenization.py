@@ -48,6 +48,18 @@ def load_encoder(repository: str, model: ServedModel) -> TextEncoder:
     return TextEncoder(Tokenizer.from_str(data.decode("utf-8")), model.max_seq_len)
 
 
+class _Job:
+    __slots__ = ("texts", "pairs", "direction", "future")
+
+    def __init__(self, texts: list[str], pairs: list[str] | None, direction: str,
+                 future: asyncio.Future[EncodedTexts]) -> None:
+        self.texts, self.pairs, self.direction, self.future = texts, pairs, direction, future
+
+    @property
+    def kind(self) -> tuple[bool, str]:
+        return self.pairs is not None, self.direction
+
+
 class TokenizerQueue:
     """Tokenizes for one model off the event loop: the texts of concurrent requests are encoded
     together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and
@@ -60,18 +72,18 @@ class TokenizerQueue:
     def __init__(self, encoder: TextEncoder, inline_chars: int) -> None:
         self.encoder = encoder
         self.inline_chars = inline_chars
-        self._waiting: list[tuple[list[str], asyncio.Future[EncodedTexts]]] = []
+        self._waiting: list[_Job] = []
         self._busy = False
 
-    async def encode(self, texts: list[str]) -> EncodedTexts:
-        """Token ids of `texts` under the contract's rule."""
-        chars = sum(map(len, texts))
+    async def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right") -> EncodedTexts:
+        """Token ids of `texts` (or of the pairs texts[i], pairs[i]) under the contract's rule."""
+        chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs is not None else 0)
         if chars > self.SOLO_CHARS:
-            return await asyncio.to_thread(self.encoder.encode, texts)
+            return await asyncio.to_thread(self.encoder.encode, texts, pairs, direction)
         if not self._busy and not self._waiting and chars <= self.inline_chars:
-            return self.encoder.encode(texts)
+            return self.encoder.encode(texts, pairs, direction)
         future: asyncio.Future[EncodedTexts] = asyncio.get_running_loop().create_future()
-        self._waiting.append((texts, future))
+        self._waiting.append(_Job(texts, pairs, direction, future))
         if not self._busy:
             self._next()
         return await future
@@ -81,22 +93,30 @@ class TokenizerQueue:
         self._busy = True
         asyncio.get_running_loop().create_task(self._run(jobs))
 
-    async def _run(self, jobs: list[tuple[list[str], asyncio.Future[EncodedTexts]]]) -> None:
+    async def _run(self, jobs: list[_Job]) -> None:
         try:
-            texts = [t for job, _ in jobs for t in job]
-            encoded = await asyncio.to_thread(self.encoder.encode, texts)
-            start = 0
-            for job, future in jobs:
-                part = slice(start, start + len(job))
-                start += len(job)
-                if not future.done():
-                    types = encoded.type_ids[part] if encoded.type_ids is not None else None
-                    future.set_result(EncodedTexts(encoded.ids[part], types, encoded.num_tokens[part]))
+            groups: dict[tuple[bool, str], list[_Job]] = {}
+            for job in jobs:  # one encode_batch per kind: texts or pairs, truncation direction
+                groups.setdefault(job.kind, []).append(job)
+            for group in groups.values():
+                await self._encode_group(group)
         except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
-            for _, future in jobs:
-                if not future.done():
-                    future.set_exception(exc)
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
         finally:
             self._busy = False
             if self._waiting:
                 self._next()
+
+    async def _encode_group(self, jobs: list[_Job]) -> None:
+        texts = [t for job in jobs for t in job.texts]
+        pairs = [p for job in jobs for p in job.pairs or ()] if jobs[0].pairs is not None else None
+        encoded = await asyncio.to_thread(self.encoder.encode, texts, pairs, jobs[0].direction)
+        start = 0
+        for job in jobs:
+            part = slice(start, start + len(job.texts))
+            start += len(job.texts)
+            if not job.future.done():
+                types = encoded.type_ids[part] if encoded.type_ids is not None else None
+                job.future.set_result(EncodedTexts(encoded.ids[part], types, encoded.num_tokens[part]))

@@ -29,7 +29,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from contract import INPUT_IDS, NUM_TOKENS, TEXT, TOKEN_INPUTS
+from contract import INPUT_IDS, NUM_TOKENS, TEXT, TEXT_PAIR, TOKEN_INPUTS, TRUNCATION_PARAMETER
+from gateway import tracing
 from gateway.errors import ErrorKind, GatewayError, unavailable
 from gateway.metrics import SHM_RETIRED, TRITON_LATENCY
 from gateway.settings import GatewaySettings
@@ -274,41 +275,57 @@ class TritonClient:
 
     # --- inference --------------------------------------------------------------------
     async def infer_ensemble(
-        self, ensemble: str, texts: list[bytes], output: Output, deadline: float | None = None
+        self, ensemble: str, texts: list[bytes], output: Output, deadline: float | None = None, *,
+        pairs: list[bytes] | None = None, direction: str = "right",
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Run one chunk (<= max batch) through an ensemble: (outputs [n, width] fp32, num_tokens [n])."""
-        return await self._with_reregister(lambda: self._ensemble_once(ensemble, texts, output, deadline))
+        """Run one chunk (<= max batch) of texts, or of pairs (texts[i], pairs[i]), through an ensemble:
+        (outputs [n, width] fp32, num_tokens [n]). `direction`: which end an over-long input loses."""
+        return await self._with_reregister(
+            lambda: self._ensemble_once(ensemble, texts, pairs, direction, output, deadline))
 
     async def _ensemble_once(
-        self, ensemble: str, texts: list[bytes], output: Output, deadline: float | None
+        self, ensemble: str, texts: list[bytes], pairs: list[bytes] | None, direction: str, output: Output,
+        deadline: float | None,
     ) -> tuple[np.ndarray, np.ndarray]:
         n, width, out_name = len(texts), output.width, output.name
         client_timeout, timeout_us = self._timeouts(deadline)
-        inp = grpcclient.InferInput(TEXT, [n, 1], "BYTES")
+        inputs = [grpcclient.InferInput(TEXT, [n, 1], "BYTES")]
+        strings = [texts]
+        if pairs is not None:
+            inputs.append(grpcclient.InferInput(TEXT_PAIR, [n, 1], "BYTES"))
+            strings.append(pairs)
+        # Triton forwards an ensemble's request parameters to its steps: the tokenizer reads this one
+        parameters = {TRUNCATION_PARAMETER: direction} if direction != "right" else None
         outputs = [grpcclient.InferRequestedOutput(out_name), grpcclient.InferRequestedOutput(NUM_TOKENS)]
         pool = self.pools.get(ensemble)
         start = time.perf_counter()
         fits = pool is not None and pool.layout.fits({out_name: n * width * 4, NUM_TOKENS: n * 4})
         async with pool.lease() if pool is not None and fits else nullcontext() as region:
             if region is None:  # no shm (GATEWAY_SHM=none) or every region busy: plain gRPC tensors
-                inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
-                result = await self.grpc.infer(
-                    ensemble, [inp], outputs=outputs, client_timeout=client_timeout, timeout=timeout_us
-                )
+                for inp, values in zip(inputs, strings):
+                    inp.set_data_from_numpy(np.array(values, dtype=np.object_).reshape(n, 1))
+                with tracing.triton_call(ensemble, n, "grpc") as headers:
+                    result = await self.grpc.infer(
+                        ensemble, inputs, outputs=outputs, client_timeout=client_timeout, timeout=timeout_us,
+                        parameters=parameters, headers=headers,
+                    )
                 TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
                 return _as_rows(result, ensemble, out_name, n, width), _as_rows(result, ensemble, NUM_TOKENS, n, 1)[:, 0]
-            payload = serialize_texts(texts)
             layout = region.layout
-            if len(payload) <= layout.size(TEXT):
-                region.write(TEXT, payload)
-                inp.set_shared_memory(region.name, len(payload), layout.offset(TEXT))
-            else:  # unusually long texts: input over gRPC, outputs still through shm
-                inp.set_data_from_numpy(np.array(texts, dtype=np.object_).reshape(n, 1))
+            for inp, name, values in zip(inputs, (TEXT, TEXT_PAIR), strings):
+                payload = serialize_texts(values)
+                if layout.fits({name: len(payload)}):
+                    region.write(name, payload)
+                    inp.set_shared_memory(region.name, len(payload), layout.offset(name))
+                else:  # unusually long texts: input over gRPC, outputs still through shm
+                    inp.set_data_from_numpy(np.array(values, dtype=np.object_).reshape(n, 1))
             outputs[0].set_shared_memory(region.name, n * width * 4, layout.offset(out_name))
             outputs[1].set_shared_memory(region.name, n * 4, layout.offset(NUM_TOKENS))
-            result = await self.grpc.infer(
-                ensemble, [inp], outputs=outputs, client_timeout=client_timeout, timeout=timeout_us
-            )
+            with tracing.triton_call(ensemble, n, "shm") as headers:
+                result = await self.grpc.infer(
+                    ensemble, inputs, outputs=outputs, client_timeout=client_timeout, timeout=timeout_us,
+                    parameters=parameters, headers=headers,
+                )
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
             _check_shape(result, ensemble, out_name, n, width)
             return region.read(out_name, np.float32, (n, width)), region.read(NUM_TOKENS, np.int32, (n,))
@@ -335,17 +352,21 @@ class TritonClient:
             if region is None:
                 for inp, tensor in zip(inputs, tensors):
                     inp.set_data_from_numpy(tensor)
-                result = await self.grpc.infer(
-                    step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us
-                )
+                with tracing.triton_call(step, rows, "grpc") as headers:
+                    result = await self.grpc.infer(
+                        step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us,
+                        headers=headers,
+                    )
                 TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
                 return _as_rows(result, step, output.name, rows, output.width)
             for inp, name, tensor in zip(inputs, TOKEN_INPUTS, tensors):
                 inp.set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
             requested.set_shared_memory(region.name, rows * output.width * 4, region.layout.offset(output.name))
-            result = await self.grpc.infer(
-                step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us
-            )
+            with tracing.triton_call(step, rows, "shm") as headers:
+                result = await self.grpc.infer(
+                    step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us,
+                    headers=headers,
+                )
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
             _check_shape(result, step, output.name, rows, output.width)
             return region.read(output.name, np.float32, (rows, output.width))

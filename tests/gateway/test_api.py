@@ -140,7 +140,8 @@ async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonSer
         ("/embed", {"model": "fakecls", "inputs": "a"}, 400, "wrong_task"),
         ("/classify", {"inputs": "a", "backend": "trt"}, 400, "backend_not_available"),
         ("/v1/embeddings", {"input": "a", "dimensions": 3}, 400, "unsupported_dimensions"),
-        ("/v1/embeddings", {"input": [[1, 2, 3]]}, 422, "validation_error"),
+        ("/v1/embeddings", {"input": [[1, 2, 3]]}, 400, "token_input_unsupported"),  # ensemble pipeline: no tokenizer here
+        ("/v1/embeddings", {"input": [[1, "a"]]}, 422, "validation_error"),
         ("/nowhere", {}, 404, "not_found"),
     ],
 )

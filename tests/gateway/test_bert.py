@@ -89,8 +89,11 @@ async def test_embed_matches_pytorch(
     async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwberte{shm}", **settings) as (_, client):
         card = next(m for m in (await client.get("/v1/models")).json()["data"] if m["id"] == "tinyemb")
         raw = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS, "normalize": False})
-        unit = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS})
-    assert raw.status_code == unit.status_code == 200, raw.text
+        unit = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS, "normalize": True})
+        default = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS})
+    assert raw.status_code == unit.status_code == default.status_code == 200, raw.text
+    # its modules.json has no Normalize module: by default it is not normalized, as sentence-transformers does
+    assert card["normalize"] is False and default.json()["embeddings"] == raw.json()["embeddings"]
     want = reference(tiny_embedder_dir, TEXTS, card["max_tokens"], "embed", card["pooling"])
     assert raw.json()["dimensions"] == card["dimensions"] == want.shape[1]
     assert want.std(axis=0).max() > 1e-2

@@ -46,4 +46,4 @@ def compose_command(variant: str, *args: str, env_file: Path | None = None) -> l
 
 def clean_environment() -> dict[str, str]:
     """This environment without the variables a Compose file interpolates (so .env files decide)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "GATEWAY_", "MODEL_", "TRITON_"))}
+    return {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "GATEWAY_", "MODEL_", "TRITON_", "OTEL_"))}

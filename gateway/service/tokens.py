@@ -1,0 +1,56 @@
+"""/tokenize and /decode, and the checks of token-id input: the model's own tokenizer, run by the gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contract.tokenization import TextEncoder, clean_text
+from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.service.inference import Inference
+from gateway.service.registry import ServedModel
+
+
+def encoder_of(inference: Inference, model: ServedModel) -> TextEncoder:
+    """The model's tokenizer as the gateway runs it; 501 when the gateway cannot read it."""
+    encoder = inference.encoder_for(model)
+    if encoder is None:
+        raise GatewayError(
+            ErrorKind.NOT_IMPLEMENTED,
+            f"the gateway cannot read the tokenizer of {model.name!r} (set GATEWAY_REPOSITORY to the model "
+            "repository Triton serves)", type="tokenizer_unavailable")
+    return encoder
+
+
+def check_token_ids(encoder: TextEncoder, rows: list[list[int]]) -> None:
+    """400 unless every id is in the model's vocabulary."""
+    size = encoder.tokenizer.get_vocab_size(with_added_tokens=True)
+    for i, row in enumerate(rows):
+        bad = next((t for t in row if not 0 <= t < size), None)
+        if bad is not None:
+            raise invalid(f"input {i} has token id {bad}, outside this model's vocabulary (0..{size - 1})",
+                          type="invalid_token_id")
+
+
+def tokenize(encoder: TextEncoder, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    """Every token of every text, untruncated: id, text, special flag and character offsets in the input."""
+    cleaned = [clean_text(t) for t in texts]
+    encodings = encoder.tokenizer.encode_batch(cleaned, add_special_tokens=add_special_tokens)
+    result = []
+    for text, encoding in zip(cleaned, encodings):
+        tokens = []
+        for token_id, token, (start, stop), special in zip(
+            encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask
+        ):
+            if special:
+                tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+            else:
+                tokens.append({"id": token_id, "text": text[start:stop], "special": False, "start": start,
+                               "stop": stop})
+        result.append(tokens)
+    return result
+
+
+def decode(encoder: TextEncoder, rows: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    """The text of every row of token ids."""
+    check_token_ids(encoder, rows)
+    return list(encoder.tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens))

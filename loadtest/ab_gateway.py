@@ -1,0 +1,123 @@
+"""Two gateway revisions side by side on one tritonserver: is a change to the request path free?
+
+    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest.ab_gateway --before REV [--rounds 8] [--out DIR]
+
+Builds loadtest/models.py's `small` BERT embedder (--runtime python, CPU), starts one tritonserver
+on it and two gateways (one worker each, scheduler pipeline, system shm): `before` runs a git
+worktree of REV, `after` this checkout. Each round times, for both gateways in turn (order
+alternating): 200 sequential `/embed` calls of 1 text, 50 of 8 texts (latency), and 400 calls of
+1 text from 16 concurrent clients (throughput), on the realistic corpus (loadtest/corpus.py).
+Prints medians over rounds and the after/before ratios; `--out` writes results.json + summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from devstack.gateway import GatewayProcess
+from devstack.tritonserver import REPO_ROOT, TritonServer
+from loadtest.corpus import CorpusSpec, make_corpus
+from loadtest.machine import describe_machine
+from loadtest.models import make_bert
+from tests.fixtures.repository import build_repository
+
+LABELS = ("before", "after")
+
+
+async def sequential(client: httpx.AsyncClient, texts: list[str], batch: int, calls: int) -> float:
+    """Median seconds of one /embed call of `batch` texts, calls one after the other."""
+    times = []
+    for i in range(calls):
+        chunk = [texts[(i * batch + k) % len(texts)] for k in range(batch)]
+        start = time.perf_counter()
+        response = await client.post("/embed", json={"inputs": chunk})
+        times.append(time.perf_counter() - start)
+        response.raise_for_status()
+    return statistics.median(times)
+
+
+async def concurrent(client: httpx.AsyncClient, texts: list[str], clients: int, calls: int) -> float:
+    """Requests per second of `calls` one-text /embed calls from `clients` concurrent clients."""
+    queue = iter(range(calls))
+
+    async def worker() -> None:
+        for i in queue:
+            (await client.post("/embed", json={"inputs": [texts[i % len(texts)]]})).raise_for_status()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    return calls / (time.perf_counter() - start)
+
+
+async def measure(urls: dict[str, str], texts: list[str], rounds: int) -> dict[str, dict[str, list[float]]]:
+    results: dict[str, dict[str, list[float]]] = {label: {"1 text ms": [], "8 texts ms": [], "16 clients req/s": []}
+                                                  for label in LABELS}
+    limits = httpx.Limits(max_connections=32)
+    async with httpx.AsyncClient(base_url=urls["before"], limits=limits, timeout=60) as before, \
+            httpx.AsyncClient(base_url=urls["after"], limits=limits, timeout=60) as after:
+        clients = {"before": before, "after": after}
+        for label in LABELS:  # warm-up: connections, tokenizer, shapes
+            await concurrent(clients[label], texts, 16, 200)
+        for r in range(rounds):
+            for label in (LABELS if r % 2 == 0 else LABELS[::-1]):
+                client, out = clients[label], results[label]
+                out["1 text ms"].append(await sequential(client, texts, 1, 200) * 1e3)
+                out["8 texts ms"].append(await sequential(client, texts, 8, 50) * 1e3)
+                out["16 clients req/s"].append(await concurrent(client, texts, 16, 400))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="git revision of the `before` gateway")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--out", type=Path, help="directory for results.json and summary.md")
+    args = parser.parse_args(argv)
+    texts = make_corpus(CorpusSpec(size=1024))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        worktree = root / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.before], cwd=REPO_ROOT, check=True,
+                       capture_output=True)
+        try:
+            model = make_bert(root / "bert", "embed", "small")
+            repository = root / "repository"
+            build_repository(repository, [{"model": str(model), "task": "embed", "name": "bert"}],
+                             runtime="python", formats="onnx", device="cpu", max_seq_len=128, max_batch_size=64)
+            settings = {"repository": str(repository), "pipeline": "scheduler"}
+            with TritonServer(repository=repository, log_path=root / "triton.log") as server, \
+                    GatewayProcess(server.grpc_url, settings={**settings, "shm_prefix": "abbefore"},
+                                   code_root=worktree, log_path=root / "before.log") as before, \
+                    GatewayProcess(server.grpc_url, settings={**settings, "shm_prefix": "abafter"},
+                                   log_path=root / "after.log") as after:
+                results = asyncio.run(measure({"before": before.url, "after": after.url}, texts, args.rounds))
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO_ROOT, check=False)
+    rows = ["| measure | before | after | after/before |", "| --- | --- | --- | --- |"]
+    for measure_name in results["before"]:
+        b, a = (statistics.median(results[label][measure_name]) for label in LABELS)
+        rows.append(f"| {measure_name} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
+    table = "\n".join(rows)
+    head = (f"before = {args.before}, after = working tree; small BERT embedder (--runtime python, CPU, "
+            f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
+            "alternating rounds")
+    print(head + "\n\n" + table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(
+            {"before": args.before, "rounds": args.rounds, "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
+        (args.out / "summary.md").write_text(f"# Gateway A/B\n\n{head}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
