@@ -6,7 +6,8 @@ import hashlib
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from builder import configs, tensorrt_engine
+from builder.checks import check_task_options
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import (
@@ -64,6 +66,15 @@ Log = Callable[[str], None]
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _step(log: Log, what: str) -> Iterator[None]:
+    """Log `what ...` when a long step starts and `what done in 1.2s` when it ends (nothing when it raises)."""
+    log(f"{what} ...")
+    started = time.monotonic()
+    yield
+    log(f"{what} done in {time.monotonic() - started:.1f}s")
 
 
 @dataclass
@@ -119,21 +130,6 @@ class TaskSettings:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     matryoshka_dims: list[int] = field(default_factory=list)
-
-
-def _check_task_options(request: BuildRequest, task: Task) -> None:
-    """Options that belong to another task are errors, not silently ignored."""
-    embed_only = {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name,
-                  "--matryoshka-dims": request.matryoshka_dims}
-    for option, value in embed_only.items():
-        if value is not None and task != "embed":
-            raise BuildError(f"{request.name}: {option} is for --task embed only, not {task}")
-    if request.score_label is not None and task != "rerank":
-        raise BuildError(f"{request.name}: --score-label is for --task rerank only, not {task}")
-    if request.pairs and task == "embed":
-        raise BuildError(f"{request.name}: --pairs is for --task classify (rerank always takes pairs), not embed")
-    if request.pairs is False and task == "rerank":
-        raise BuildError(f"{request.name}: a rerank model always takes text pairs; drop pairs: false")
 
 
 def _labels(request: BuildRequest, source: ModelSource, task: Task) -> list[str]:
@@ -217,7 +213,7 @@ def _embed_settings(request: BuildRequest, source: ModelSource, st: SentenceTran
 
 
 def _task_settings(request: BuildRequest, source: ModelSource, task: Task, st: SentenceTransformersConfig) -> TaskSettings:
-    _check_task_options(request, task)
+    check_task_options(request, task)
     if task == "embed":
         return _embed_settings(request, source, st)
     labels = _labels(request, source, task)
@@ -280,7 +276,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
         pairs=task_settings.pairs, normalize=task_settings.normalize, prompts=task_settings.prompts,
         default_prompt_name=task_settings.default_prompt_name, matryoshka_dims=task_settings.matryoshka_dims,
-        score_label=task_settings.score_label,
+        score_label=task_settings.score_label, warmup=request.warmup,
     )
 
 
@@ -322,7 +318,8 @@ def _write_tokenizer(planned: PlannedBuild, tok_dir: Path) -> None:
     _copy_model_py("cancellation", version_dir / "cancellation.py")
     module = resources.files("contract").joinpath(TOKENIZATION_MODULE).read_text()
     (version_dir / TOKENIZATION_MODULE).write_text(module)
-    configs.write_config(tok_dir, configs.tokenizer_config(planned.settings, int(tokenizer.pad_token_id or 0), digest))
+    configs.write_tokenizer_config(tok_dir, configs.tokenizer_config(planned.settings, int(tokenizer.pad_token_id or 0),
+                                                                     digest), planned.settings)
 
 
 def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], output: str, device: str) -> np.ndarray:
@@ -346,10 +343,12 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     tokenizer = planned.source.tokenizer
     _write_tokenizer(planned, staging / entries["tokenizer"])
 
-    log(f"{s.name}: loading {s.model}")
-    model: RepositoryModel = load_repository_model(planned.source.path, s, attn_implementation="eager")
+    with _step(log, f"{s.name}: loading the weights of {s.model}"):
+        model: RepositoryModel = load_repository_model(planned.source.path, s, attn_implementation="eager")
     inputs = parity_inputs(tokenizer, s.max_seq_len, pairs=s.pairs)
-    reference = torch_reference(model, inputs)
+    warmup_ids = configs.warmup_token_ids(tokenizer, s.max_seq_len)
+    with _step(log, f"{s.name}: computing PyTorch reference outputs"):
+        reference = torch_reference(model, inputs)
     width = int(reference.shape[1])
     if s.matryoshka_dims and s.matryoshka_dims[-1] != width:
         raise BuildError(f"{s.name}: the embeddings are {width} wide, not {s.matryoshka_dims[-1]} "
@@ -357,8 +356,8 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
 
     raw_path = staging / f".{s.name}_export" / "model.onnx"  # never published; TensorRT parses this one
     raw_path.parent.mkdir(parents=True)
-    log(f"{s.name}: exporting ONNX (opset {s.opset})")
-    export_onnx(model, s.output_name, raw_path, s.opset)
+    with _step(log, f"{s.name}: exporting ONNX (opset {s.opset})"):
+        export_onnx(model, s.output_name, raw_path, s.opset)
     config = model.model.config
     del model
     facts = OnnxFacts()
@@ -371,8 +370,9 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             try:
                 heads = int(getattr(config, "num_attention_heads", 0) or 0)
                 hidden = int(getattr(config, "hidden_size", 0) or 0)
-                facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden,
-                                                           float16=s.onnx_precision == "fp16")
+                with _step(log, f"{s.name}: optimizing the ONNX graph ({s.onnx_precision})"):
+                    facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden,
+                                                               float16=s.onnx_precision == "fp16")
                 facts.optimized = True
                 facts.precision = s.onnx_precision
                 log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops} ({facts.precision})")
@@ -386,11 +386,12 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             publish_onnx(raw_path, onnx_path)
         facts.ops = onnx_op_counts(onnx_path)
         artifact = "onnx_fp16" if facts.precision == "fp16" else "onnx"
-        results.append(compare(artifact, s.task, reference, _onnx_outputs(onnx_path, inputs, s.output_name, s.device),
-                               s.max_seq_len))
+        with _step(log, f"{s.name}: running {artifact} for the parity check"):
+            outputs = _onnx_outputs(onnx_path, inputs, s.output_name, s.device)
+        results.append(compare(artifact, s.task, reference, outputs, s.max_seq_len))
         if not s.skip_parity:
             _check(results[-1], planned, log)
-        configs.write_config(onnx_dir, configs.onnx_config(s, width, facts.precision))
+        configs.write_step_config(onnx_dir, configs.onnx_config(s, width, facts.precision), s, warmup_ids)
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
             _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")
@@ -398,13 +399,14 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
     if "trt" in entries:
         trt_dir = staging / entries["trt"]
-        configs.write_config(trt_dir, configs.trt_config(s, width))
+        configs.write_step_config(trt_dir, configs.trt_config(s, width), s, warmup_ids)
         plan_path = trt_dir / "1" / "model.plan"
-        log(f"{s.name}: building the TensorRT FP16 engine (timing cache {planned.timing_cache})")
-        tensorrt_engine.build_engine(raw_path, plan_path, tensorrt_engine.profile_shapes(s), planned.timing_cache,
-                                     s.trt_workspace_mib)
-        results.append(compare("trt_fp16", s.task, reference,
-                               tensorrt_engine.run_engine(plan_path, inputs, s.output_name), s.max_seq_len))
+        with _step(log, f"{s.name}: building the TensorRT FP16 engine (timing cache {planned.timing_cache})"):
+            tensorrt_engine.build_engine(raw_path, plan_path, tensorrt_engine.profile_shapes(s), planned.timing_cache,
+                                         s.trt_workspace_mib)
+        with _step(log, f"{s.name}: running trt_fp16 for the parity check"):
+            trt_outputs = tensorrt_engine.run_engine(plan_path, inputs, s.output_name)
+        results.append(compare("trt_fp16", s.task, reference, trt_outputs, s.max_seq_len))
         if not s.skip_parity:
             _check(results[-1], planned, log)
     shutil.rmtree(raw_path.parent)
@@ -467,5 +469,6 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr
             stale += _stale_entries(repository, p)
             outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=False, parity=parity,
                                          seconds=time.monotonic() - started))
-        publish(staging, repository, entries, stale)
+        with _step(log, f"publishing {len(entries)} entries into {repository}"):
+            publish(staging, repository, entries, stale)
     return outcomes

@@ -5,27 +5,38 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, get_args
 
 from pydantic import ValidationError
 
-from builder.errors import BuildError
-from builder.settings import BuildRequest
+from builder.checks import check_requests
+from builder.errors import BuildError, UsageError
+from builder.settings import BuildRequest, Device, Format, Pooling, Precision, Runtime
 from builder.spec import format_validation_error, load_spec
+from contract import TASKS
+
+
+def _choices(literal: Any) -> list[str]:
+    """The values of a `Literal[...]` type, for argparse `choices=` (shown by --help, checked at parse time)."""
+    return [str(value) for value in get_args(literal)]
 
 # Options shared by the CLI and spec entries (field name -> argparse keyword arguments).
 _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "model": {"help": "hub id or local directory"},
-    "task": {"help": "classify, embed or rerank (a cross-encoder scoring text pairs)"},
+    "task": {"choices": list(TASKS), "help": "what the model does (rerank: a cross-encoder scoring text pairs)"},
     "name": {"help": "NAME of the repository entries (NAME_onnx, NAME_onnx_ensemble, ...)"},
     "revision": {"help": "hub revision (branch, tag or commit)"},
-    "formats": {"help": "comma list of onnx,trt (default: onnx,trt when TensorRT is importable, else onnx)"},
+    "formats": {"metavar": ",".join(_choices(Format)),
+                "help": f"comma list of {', '.join(_choices(Format))} (default: onnx,trt when TensorRT is "
+                        "importable, else onnx)"},
     "max_seq_len": {"type": int, "help": "default min(model limit, 512)"},
     "max_batch_size": {"type": int, "help": "default 64"},
-    "device": {"help": "instance kind of the model step (default gpu)"},
-    "runtime": {"help": "native: onnxruntime/tensorrt backends; python: python-backend onnxruntime runner"},
-    "pooling": {"help": "embed: mean, cls or lasttoken (default from the sentence-transformers Pooling config, "
-                "else mean)"},
+    "device": {"choices": _choices(Device), "help": "instance kind of the model step (default gpu)"},
+    "runtime": {"choices": _choices(Runtime),
+                "help": "native: onnxruntime/tensorrt backends; python: python-backend onnxruntime runner "
+                        "(default native)"},
+    "pooling": {"choices": _choices(Pooling),
+                "help": "embed (default from the sentence-transformers Pooling config, else mean)"},
     "labels": {"help": "classify, rerank: comma list of label names (default config.id2label)"},
     "score_label": {"help": "rerank: label NAME or INDEX whose logit scores relevance (default: the only logit, or "
                     "the one label named relevant/relevance/entailment/yes/true/positive)"},
@@ -44,7 +55,7 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default 1)"},
     "onnx_threads": {"type": int, "help": "onnxruntime intra-op threads per instance (default 0 = onnxruntime's choice)"},
     "opset": {"type": int, "help": "ONNX opset (default 17)"},
-    "onnx_precision": {"choices": ["fp32", "fp16"],
+    "onnx_precision": {"choices": _choices(Precision),
                        "help": "precision of the published model.onnx (default fp16 with --device gpu, else fp32)"},
     "max_batch_tokens": {"type": int, "help": "python runtime: token budget of one onnxruntime call (default 16384)"},
     "batch_widths": {"help": "comma list of padded widths the model step's batches take, ending with max-seq-len "
@@ -75,7 +86,10 @@ def _prompt(value: str) -> tuple[str, str]:
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m builder", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
-    build = commands.add_parser("build", help="build models into a Triton model repository")
+    build = commands.add_parser(
+        "build", help="build models into a Triton model repository",
+        epilog="exit status: 0 built or up to date; 1 build error (the model cannot be found or loaded, parity "
+               "failed, ...); 2 usage error (bad or missing options, bad spec file)")
     build.add_argument("--repository", required=True, type=Path, help="model repository directory")
     build.add_argument("--spec", type=Path, help="YAML spec file listing several models")
     for field_name, kwargs in _MODEL_OPTIONS.items():
@@ -94,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--prompt", dest="prompts", action="append", type=_prompt, default=None, metavar="NAME=TEXT",
                        help="embed, repeatable: a prompt TEXT prepended to inputs that ask for NAME (adds to and "
                             "overrides the model's config_sentence_transformers.json prompts)")
+    build.add_argument("--no-warmup", dest="warmup", action="store_const", const=False, default=None,
+                       help="write no model_warmup samples (default: the tokenizer gets a sample text, each model "
+                            "step a short row and a max-batch x max-seq-len batch, run by Triton at load)")
     build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,
                        help="record parity numbers but publish even when they fail")
     return parser
@@ -103,41 +120,49 @@ def _parser() -> argparse.ArgumentParser:
 
 def requests_from_args(args: argparse.Namespace) -> list[BuildRequest]:
     """Build requests from `--spec` (CLI options given too override every entry) or from the CLI options alone."""
-    flags = ("dynamic_batching", "skip_parity", "onnx_optimize", "merge_buckets", "pairs", "prompts")
+    flags = ("dynamic_batching", "skip_parity", "onnx_optimize", "merge_buckets", "pairs", "prompts", "warmup")
     options = {k: v for k, v in vars(args).items() if k in _MODEL_OPTIONS or k in flags}
     given = {k: v for k, v in options.items() if v is not None}
     if "prompts" in given:
         given["prompts"] = dict(given["prompts"])
     if args.spec is not None:
         if {"model", "task", "name"} & set(given):
-            raise BuildError("--spec cannot be combined with --model/--task/--name")
+            raise UsageError("--spec cannot be combined with --model/--task/--name")
         requests = load_spec(args.spec)
-        return [BuildRequest.model_validate({**r.model_dump(exclude_unset=True), **given}) for r in requests]
+        try:
+            return [BuildRequest.model_validate({**r.model_dump(exclude_unset=True), **given}) for r in requests]
+        except ValidationError as exc:
+            raise UsageError(format_validation_error(exc, "bad option")) from None
     missing = [f"--{k}" for k in ("model", "task", "name") if k not in given]
     if missing:
-        raise BuildError(f"missing {', '.join(missing)} (or give --spec FILE)")
+        raise UsageError(f"missing {', '.join(missing)} (or give --spec FILE)")
     try:
         return [BuildRequest.model_validate(given)]
     except ValidationError as exc:
-        raise BuildError(format_validation_error(exc, "bad option")) from None
+        raise UsageError(format_validation_error(exc, "bad option")) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 1 build error, 2 usage error)."""
-    args = _parser().parse_args(argv)
-    from builder.logs import quiet_libraries
+    """Entry point; returns the exit status (0 ok, 1 build error, 2 usage error).
 
-    quiet_libraries()
+    Options, the spec file and local model directories are checked before torch, transformers and
+    onnxruntime are imported (seconds), so that a mistake is refused at once.
+    """
+    args = _parser().parse_args(argv)
     try:
+        requests = requests_from_args(args)
+        check_requests(requests)
+        from builder.logs import quiet_libraries
+
+        quiet_libraries()
         from builder.build import build_all
 
-        requests = requests_from_args(args)
         outcomes = build_all(requests, args.repository)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except ValidationError as exc:
-        print(f"error: {format_validation_error(exc, 'bad option')}", file=sys.stderr)
         return 1
     for outcome in outcomes:
         if outcome.skipped:

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import orjson
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.settings import Format, ResolvedSettings, effective_buckets
 from contract import (
+    ATTENTION_MASK,
+    INPUT_IDS,
     LABELS_FILE,
     NUM_TOKENS,
     REPO_BACKEND,
     TEXT,
     TEXT_PAIR,
     TOKEN_INPUTS,
+    TOKEN_TYPE_IDS,
     Param,
     ensemble_model,
     step_model,
@@ -183,6 +188,92 @@ def ensemble_parameters(settings: ResolvedSettings, fmt: Format, width: int) -> 
     if settings.task == "rerank":
         params[Param.SCORE_LABEL] = str(settings.score_label or 0)
     return params
+
+
+# Warm-up (docs/contract.md "Warm-up"): Triton runs these samples through a model instance when it loads
+# it, before the model is ready, so that the first real request does not pay for first-run allocations.
+WARMUP_DIR = "warmup"  # Triton reads `input_data_file` from this folder of the model directory
+WARMUP_SHORT_TOKENS = 16
+WARMUP_TEXT = "Warm-up: a short sample sentence, tokenized once when the model loads."
+WARMUP_TEXT_PAIR = "A second sentence, for models that take text pairs."
+
+
+def string_tensor_file(values: Sequence[str]) -> bytes:
+    """A TYPE_STRING warm-up file: each element as a 4-byte little-endian length and its UTF-8 bytes."""
+    out = b""
+    for value in values:
+        data = value.encode("utf-8")
+        out += len(data).to_bytes(4, "little") + data
+    return out
+
+
+def warmup_token_ids(tokenizer: Any, max_seq_len: int) -> tuple[list[int], list[int]]:
+    """Real token ids of the warm-up samples: a short row (<= 16 tokens) and one of exactly max_seq_len.
+
+    Ids from the model's own tokenizer: random ids could fall outside the embedding table."""
+    short_len = min(WARMUP_SHORT_TOKENS, max_seq_len)
+    short = list(tokenizer(WARMUP_TEXT, truncation=True, max_length=short_len)["input_ids"])
+    long_text = " ".join([WARMUP_TEXT] * (max_seq_len // 4 + 1))
+    long = list(tokenizer(long_text, truncation=True, max_length=max_seq_len)["input_ids"])
+    pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
+    return short, long + [pad] * (max_seq_len - len(long))  # a tokenizer without many tokens: padded out
+
+
+def _int32_file(values: Sequence[int]) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+def add_step_warmup(config: mc.ModelConfig, settings: ResolvedSettings, short_ids: Sequence[int],
+                    long_ids: Sequence[int]) -> dict[str, bytes]:
+    """Model step (onnx / trt): `short` (1 row of the short sample) and `max_length` (max_batch_size rows of
+    max_seq_len tokens, every token attended). Returns the files to write under `warmup/`."""
+    files: dict[str, bytes] = {}
+    for sample, rows, ids in (("short", 1, short_ids), ("max_length", settings.max_batch_size, long_ids)):
+        warmup = config.model_warmup.add(name=sample, batch_size=rows, count=1)
+        dims = [len(ids)]
+        for name in (INPUT_IDS, ATTENTION_MASK):
+            file = f"{sample}_{name}"
+            files[file] = _int32_file(ids if name == INPUT_IDS else [1] * len(ids))
+            warmup.inputs[name].CopyFrom(mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=dims,
+                                                              input_data_file=file))
+        warmup.inputs[TOKEN_TYPE_IDS].CopyFrom(mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=dims,
+                                                                    zero_data=True))
+    return files
+
+
+def add_tokenizer_warmup(config: mc.ModelConfig, settings: ResolvedSettings) -> dict[str, bytes]:
+    """Tokenizer: one sample text (and text pair for pair models). Returns the files to write under `warmup/`."""
+    warmup = config.model_warmup.add(name="sample_text", batch_size=1, count=1)
+    files = {"sample_text": string_tensor_file([WARMUP_TEXT])}
+    warmup.inputs[TEXT].CopyFrom(mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file="sample_text"))
+    if settings.pairs:
+        files["sample_text_pair"] = string_tensor_file([WARMUP_TEXT_PAIR])
+        warmup.inputs[TEXT_PAIR].CopyFrom(mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1],
+                                                               input_data_file="sample_text_pair"))
+    return files
+
+
+def write_warmup_files(directory: Path, files: dict[str, bytes]) -> None:
+    """The `input_data_file`s of a config's warm-up samples, in `directory/warmup/`."""
+    if files:
+        (directory / WARMUP_DIR).mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (directory / WARMUP_DIR / name).write_bytes(data)
+
+
+def write_tokenizer_config(directory: Path, config: mc.ModelConfig, settings: ResolvedSettings) -> None:
+    """`write_config`, with the tokenizer's warm-up sample unless the build has --no-warmup."""
+    if settings.warmup:
+        write_warmup_files(directory, add_tokenizer_warmup(config, settings))
+    write_config(directory, config)
+
+
+def write_step_config(directory: Path, config: mc.ModelConfig, settings: ResolvedSettings,
+                      warmup_ids: tuple[Sequence[int], Sequence[int]]) -> None:
+    """`write_config` for a model step, with its warm-up samples (short, max-length) unless --no-warmup."""
+    if settings.warmup:
+        write_warmup_files(directory, add_step_warmup(config, settings, *warmup_ids))
+    write_config(directory, config)
 
 
 def write_config(directory: Path, config: mc.ModelConfig) -> None:

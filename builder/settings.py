@@ -43,7 +43,7 @@ class BuildRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = Field(min_length=1, description="hub id or local directory")
-    task: str = Field(description="classify, embed or rerank")
+    task: Task = Field(description="classify, embed or rerank")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", description="NAME of the repository entries")
     revision: str | None = None
     formats: Annotated[list[Format] | None, CommaList] = None
@@ -115,6 +115,11 @@ class BuildRequest(BaseModel):
     trt_workspace_mib: int = Field(default=4096, gt=0)
     trt_timing_cache: str | None = None
     skip_parity: bool = False
+    warmup: bool = Field(
+        default=True,
+        description="write model_warmup samples into the tokenizer's and model steps' configs (Triton runs them at "
+        "load, before the model is ready); false = none",
+    )
 
 
 
@@ -161,6 +166,7 @@ class ResolvedSettings(BaseModel):
     default_prompt_name: str | None = None  # embed
     matryoshka_dims: list[int] = Field(default_factory=list)  # embed: ascending, ending with the full dim; [] = none
     score_label: int | None = None  # rerank: index of the scoring logit
+    warmup: bool = True  # model_warmup samples in the tokenizer's and model steps' configs
 
     @property
     def output_name(self) -> str:

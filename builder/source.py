@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -16,6 +15,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from builder.checks import check_model
 from builder.errors import BuildError
 
 # Encoder-only families whose sequence-classification / base models export with the 3-tensor interface.
@@ -29,7 +29,6 @@ ENCODER_TYPES = frozenset(
 )
 # Families whose position ids start after padding_idx (max_position_embeddings - padding_idx - 1 usable).
 OFFSET_POSITION_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "data2vec-text", "xmod", "luke"})
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$|^[A-Za-z0-9][\w.\-]*$")
 HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.spm", "sentencepiece*", "*Pooling/*"]
 WEIGHT_PATTERNS = {"safetensors": ["*.safetensors"], "bin": ["pytorch_model*.bin"]}
 
@@ -104,23 +103,18 @@ def _download(model: str, revision: str | None) -> tuple[Path, str]:
 
 def resolve_source(model: str, revision: str | None = None) -> ModelSource:
     """Load config and fast tokenizer of `model`; raise BuildError if it is not a usable encoder."""
-    path = Path(model).expanduser()
-    if path.exists() or model.startswith((".", "/", "~")):
-        if not path.is_dir():
-            raise BuildError(f"model path {model!r} is not a readable directory")
-        if not (path / "config.json").is_file():
-            raise BuildError(f"model path {model!r} has no config.json: not a Hugging Face model directory")
+    local = check_model(model)
+    if local is not None:
+        path = local
         try:
             hashes = hash_directory(path)
         except OSError as exc:
             raise BuildError(f"model path {model!r} is not readable: {exc.strerror}") from None
         commit = None
         path = path.resolve()
-    elif HUB_ID.match(model):
+    else:
         path, commit = _download(model, revision)
         hashes = {}
-    else:
-        raise BuildError(f"model {model!r} is neither an existing directory nor a hub id")
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from builder.errors import BuildError
+from builder.errors import UsageError
 from builder.settings import BuildRequest
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
@@ -30,7 +30,7 @@ def interpolate(value: Any, environ: Mapping[str, str] | None = None) -> Any:
                 return str(current)
             if default is not None:
                 return default
-            raise BuildError(f"spec file uses ${{{name}}} but the environment variable {name} is not set")
+            raise UsageError(f"spec file uses ${{{name}}} but the environment variable {name} is not set")
         return _VARIABLE.sub(substitute, value)
     if isinstance(value, list):
         return [interpolate(v, env) for v in value]
@@ -55,7 +55,7 @@ def _enabled(value: Any, where: str) -> bool:
     try:
         return TypeAdapter(bool).validate_python(value)
     except ValidationError:
-        raise BuildError(f"{where}: invalid enabled: {value!r} is not true or false") from None
+        raise UsageError(f"{where}: invalid enabled: {value!r} is not true or false") from None
 
 
 def format_validation_error(error: ValidationError, where: str) -> str:
@@ -65,25 +65,25 @@ def format_validation_error(error: ValidationError, where: str) -> str:
 
 
 def load_spec(path: Path, environ: Mapping[str, str] | None = None) -> list[BuildRequest]:
-    """Parse `path` into build requests; raise BuildError with one line on any problem."""
+    """Parse `path` into build requests; raise UsageError with one line on any problem."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise BuildError(f"cannot read spec file {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot read spec file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise BuildError(f"spec file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise UsageError(f"spec file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("models"), list) or not data["models"]:
-        raise BuildError(f"spec file {path} needs a non-empty `models:` list")
+        raise UsageError(f"spec file {path} needs a non-empty `models:` list")
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
-        raise BuildError(f"spec file {path}: `defaults:` must be a mapping")
+        raise UsageError(f"spec file {path}: `defaults:` must be a mapping")
     unknown = set(data) - {"defaults", "models"}
     if unknown:
-        raise BuildError(f"spec file {path}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))}")
+        raise UsageError(f"spec file {path}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))}")
     requests = []
     for index, item in enumerate(data["models"]):
         if not isinstance(item, dict):
-            raise BuildError(f"spec file {path}: models[{index}] must be a mapping")
+            raise UsageError(f"spec file {path}: models[{index}] must be a mapping")
         entry = {**_normalise_keys(defaults), **_normalise_keys(item)}
         where = f"spec file {path}: models[{index}]"
         if not _enabled(interpolate(entry.pop("enabled", True), environ), where):
@@ -92,5 +92,5 @@ def load_spec(path: Path, environ: Mapping[str, str] | None = None) -> list[Buil
         try:
             requests.append(BuildRequest.model_validate(merged))
         except ValidationError as exc:
-            raise BuildError(format_validation_error(exc, where)) from None
+            raise UsageError(format_validation_error(exc, where)) from None
     return requests

@@ -1,19 +1,26 @@
-"""Every bad input: one `error:` line on stderr, non-zero exit, the repository untouched."""
+"""Every bad input: one `error:` line on stderr, exit 2 (usage) or 1 (build), the repository untouched.
+
+Also: --help lists the choices, mistakes are refused before torch is imported, and a build logs its long steps."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from transformers import BertConfig, GPT2Config
 
 from builder.cli import main
+from builder.settings import Device, Format, Pooling, Runtime
 from builder.tensorrt_engine import tensorrt_available
+from contract import TASKS
 from devstack.tritonserver import REPO_ROOT
 from tests.builder.helpers import staging_leftovers, tree_hash
 
@@ -48,19 +55,37 @@ def _assert_one_error_line(captured: str, expected: str) -> None:
     assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
 
 
+USAGE, BUILD = 2, 1  # exit statuses (README.md)
+# case -> (options, expected error text, exit status)
 CASES = {
-    "missing path": (["--model", "/does/not/exist", "--task", "embed"], "not a readable directory"),
-    "not a model dir": (["--model", "{no_config}", "--task", "embed"], "has no config.json"),
-    "decoder model": (["--model", "{decoder}", "--task", "embed"], "not a supported encoder"),
-    "no fast tokenizer": (["--model", "{no_tokenizer}", "--task", "classify"], "tokenizer"),
-    "unsupported task": (["--model", "{cls}", "--task", "generate"], "unsupported task 'generate'"),
+    "missing path": (["--model", "/does/not/exist", "--task", "embed"], "not a readable directory", BUILD),
+    "not a model dir": (["--model", "{no_config}", "--task", "embed"], "has no config.json", BUILD),
+    "decoder model": (["--model", "{decoder}", "--task", "embed"], "not a supported encoder", BUILD),
+    "no fast tokenizer": (["--model", "{no_tokenizer}", "--task", "classify"], "tokenizer", BUILD),
+    "unsupported task": (["--model", "{cls}", "--task", "generate"], "invalid choice: 'generate'", USAGE),
     "max-seq-len above limit": (["--model", "{cls}", "--task", "classify", "--max-seq-len", "4096"],
-                                "above the model's limit of 128"),
-    "label count": (["--model", "{cls}", "--task", "classify", "--labels", "a,b"], "model's head has 3 outputs"),
-    "bad device": (["--model", "{cls}", "--task", "classify", "--device", "tpu"], "invalid device"),
-    "bad name": (["--model", "{cls}", "--task", "classify", "--name", "../evil"], "invalid name"),
-    "missing task": (["--model", "{cls}"], "missing --task"),
+                                "above the model's limit of 128", BUILD),
+    "bad max-seq-len": (["--model", "{cls}", "--task", "classify", "--max-seq-len", "0"], "invalid max-seq-len",
+                        USAGE),
+    "label count": (["--model", "{cls}", "--task", "classify", "--labels", "a,b"], "model's head has 3 outputs",
+                    BUILD),
+    "bad device": (["--model", "{cls}", "--task", "classify", "--device", "tpu"], "invalid choice: 'tpu'", USAGE),
+    "bad name": (["--model", "{cls}", "--task", "classify", "--name", "../evil"], "invalid name", USAGE),
+    "missing task": (["--model", "{cls}"], "missing --task", USAGE),
+    "not a hub id": (["--model", "no//such", "--task", "embed"], "neither an existing directory nor a hub id", USAGE),
+    "option of another task": (["--model", "{cls}", "--task", "classify", "--prompt", "q=query: "],
+                               "--prompt is for --task embed only", USAGE),
+    "trt on cpu": (["--model", "{cls}", "--task", "classify", "--formats", "trt", "--device", "cpu"],
+                   "--formats trt needs --device gpu", USAGE),
 }
+
+
+def _main(argv: list[str]) -> int:
+    """main()'s exit status, also when argparse exits (usage errors found while parsing)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -72,14 +97,14 @@ def test_bad_input(
     if not existing:
         repository = tmp_path / "fresh_repository"
     dirs = {k: str(v) for k, v in _bad_dirs(tmp_path, tiny_classifier_dir).items()}
-    args, expected = CASES[case]
+    args, expected, code = CASES[case]
     argv = [a.format(cls=tiny_classifier_dir, **dirs) for a in args]
     if "--name" not in argv and case != "missing task":
         argv += ["--name", "tinycls"]
     before = tree_hash(repository)
     capsys.readouterr()
-    status = main(["build", "--repository", str(repository), *TINY, *argv])
-    assert status != 0
+    status = _main(["build", "--repository", str(repository), *TINY, *argv])
+    assert status == code
     _assert_one_error_line(capsys.readouterr().err, expected)
     assert tree_hash(repository) == before
     assert staging_leftovers(repository) == []
@@ -108,9 +133,9 @@ def test_bad_spec_files(repository: Path, tmp_path: Path, capsys: pytest.Capture
     for text, expected in specs.items():
         spec = tmp_path / "spec.yaml"
         spec.write_text(text)
-        assert main(["build", "--repository", str(repository), "--spec", str(spec)]) == 1
+        assert main(["build", "--repository", str(repository), "--spec", str(spec)]) == USAGE
         _assert_one_error_line(capsys.readouterr().err, expected)
-    assert main(["build", "--repository", str(repository), "--spec", str(tmp_path / "missing.yaml")]) == 1
+    assert main(["build", "--repository", str(repository), "--spec", str(tmp_path / "missing.yaml")]) == USAGE
     _assert_one_error_line(capsys.readouterr().err, "cannot read spec file")
     assert tree_hash(repository) == before
 
@@ -134,8 +159,15 @@ def test_spec_with_environment(
     monkeypatch.setenv("MAX_BATCH", "16")
     repo = tmp_path / "repo"
     assert main(["build", "--repository", str(repo), "--spec", str(spec)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "spec_cls: built" in out and "emb: built" in out
+    # each long step logs its start and its duration on stderr
+    for step in (f"spec_cls: loading the weights of {tiny_classifier_dir}", "spec_cls: exporting ONNX (opset 17)",
+                 "spec_cls: optimizing the ONNX graph (fp32)", "spec_cls: running onnx for the parity check",
+                 "emb: exporting ONNX (opset 17)", f"publishing 6 entries into {repo}"):
+        assert f"{step} ...\n" in captured.err, captured.err
+        assert re.search(re.escape(step) + r" done in \d+\.\ds\n", captured.err), captured.err
     from builder.configs import read_config
 
     emb = read_config(repo / "emb_onnx" / "config.pbtxt")
@@ -162,3 +194,61 @@ def test_real_cli_process_unknown_hub_id(repository: Path) -> None:
     _assert_one_error_line(result.stderr, "cannot fetch model 'no-such-org/no-such-model'")
     assert result.stdout == ""
     assert tree_hash(repository) == before
+
+
+def test_help_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(["build", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for literal_values in (TASKS, get_args(Device), get_args(Runtime), get_args(Pooling)):
+        assert "{" + ",".join(literal_values) + "}" in text
+    assert "--formats " + ",".join(get_args(Format)) in text
+    assert "2 usage error" in text
+
+
+_FAST_REFUSAL = """
+import sys, time
+started = time.monotonic()
+from builder.cli import main
+heavy = [m for m in ("torch", "transformers", "onnxruntime") if m in sys.modules]
+assert not heavy, f"import builder.cli imported {heavy}"
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exc:
+    status = exc.code
+heavy = [m for m in ("torch", "transformers", "onnxruntime") if m in sys.modules]
+assert not heavy, f"refusing the command imported {heavy}"
+print(status, time.monotonic() - started)
+"""
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["--model", "/does/not/exist", "--task", "embed", "--name", "x"], BUILD),
+    (["--model", "{cls}", "--task", "generate", "--name", "x"], USAGE),
+    (["--model", "{cls}", "--task", "embed", "--name", "x", "--score-label", "1"], USAGE),
+    (["--spec", "{spec}"], USAGE),
+], ids=["wrong path", "wrong task", "option of another task", "bad spec entry"])
+def test_mistakes_are_refused_before_torch_is_imported(
+    argv: list[str], code: int, tiny_classifier_dir: Path, tmp_path: Path,
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"models:\n  - {{name: x, task: embed, model: {tiny_classifier_dir}, max_seq_len: lots}}\n")
+    argv = [a.format(cls=tiny_classifier_dir, spec=spec) for a in argv]
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", _FAST_REFUSAL, "build", "--repository", str(tmp_path / "repo"), *argv],
+        check=False, capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    status, _ = result.stdout.split()
+    assert int(status) == code
+    assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1, result.stderr
+    assert elapsed < 1.5, f"refused after {elapsed:.1f}s"
+
+
+def test_no_warmup_flag_reaches_the_request(tmp_path: Path) -> None:
+    from builder.cli import _parser, requests_from_args
+
+    base = ["build", "--repository", str(tmp_path), "--model", str(tmp_path), "--task", "embed", "--name", "m"]
+    assert requests_from_args(_parser().parse_args(base))[0].warmup is True
+    assert requests_from_args(_parser().parse_args([*base, "--no-warmup"]))[0].warmup is False

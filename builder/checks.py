@@ -1,0 +1,73 @@
+"""Checks of build requests that need neither the model's weights nor torch/transformers.
+
+The CLI runs them before it imports the heavy libraries, so that a wrong option, task or model path
+is refused at once. Imports here stay light (no torch, transformers, onnxruntime).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from builder.errors import BuildError, UsageError
+from builder.settings import BuildRequest
+from contract import Task
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$|^[A-Za-z0-9][\w.\-]*$")
+
+
+def check_model(model: str) -> Path | None:
+    """The directory of a local `model`, or None for a hub id.
+
+    BuildError when a local directory is missing or holds no config.json; UsageError when `model`
+    is neither a path nor spelled like a hub id.
+    """
+    path = Path(model).expanduser()
+    if path.exists() or model.startswith((".", "/", "~")):
+        if not path.is_dir():
+            raise BuildError(f"model path {model!r} is not a readable directory")
+        if not (path / "config.json").is_file():
+            raise BuildError(f"model path {model!r} has no config.json: not a Hugging Face model directory")
+        return path
+    if HUB_ID.match(model):
+        return None
+    raise UsageError(f"model {model!r} is neither an existing directory nor a hub id")
+
+
+def check_task_options(request: BuildRequest, task: Task) -> None:
+    """Options that belong to another task are errors, not silently ignored."""
+    embed_only = {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name,
+                  "--matryoshka-dims": request.matryoshka_dims}
+    for option, value in embed_only.items():
+        if value is not None and task != "embed":
+            raise UsageError(f"{request.name}: {option} is for --task embed only, not {task}")
+    if request.score_label is not None and task != "rerank":
+        raise UsageError(f"{request.name}: --score-label is for --task rerank only, not {task}")
+    if request.pairs and task == "embed":
+        raise UsageError(f"{request.name}: --pairs is for --task classify (rerank always takes pairs), not embed")
+    if request.pairs is False and task == "rerank":
+        raise UsageError(f"{request.name}: a rerank model always takes text pairs; drop pairs: false")
+
+
+def check_options(request: BuildRequest) -> None:
+    """Option combinations that contradict each other, whatever the model (build.py checks them again)."""
+    check_task_options(request, request.task)
+    if request.formats and "trt" in request.formats and request.device != "gpu":
+        raise UsageError(f"{request.name}: --formats trt needs --device gpu (TensorRT engines run on GPUs only)")
+    if request.merge_buckets and request.runtime != "python":
+        raise UsageError(f"{request.name}: --merge-buckets needs --runtime python "
+                         "(the native backends batch equal shapes only)")
+    if request.onnx_precision == "fp16" and not request.onnx_optimize:
+        raise UsageError(f"{request.name}: --onnx-precision fp16 converts the optimized graph; it needs the "
+                         "optimizer (drop --no-onnx-optimize or use --onnx-precision fp32)")
+
+
+def check_requests(requests: list[BuildRequest]) -> None:
+    """Every check that needs no heavy import: names, option combinations, local model directories."""
+    names = [r.name for r in requests]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UsageError(f"model name(s) used more than once: {', '.join(duplicates)}")
+    for request in requests:
+        check_options(request)
+        check_model(request.model)
