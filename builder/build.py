@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from builder import configs, tensorrt_engine
-from builder.checks import check_task_options
+from builder.checks import check_names, check_options
 from builder.errors import BuildError
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import (
@@ -54,7 +54,6 @@ from builder.source import (
 from contract import (
     BATCHING_MODULE,
     LABELS_FILE,
-    TASKS,
     TOKENIZATION_MODULE,
     TOKENIZER_FILE,
     entry_names,
@@ -109,8 +108,6 @@ def resolve_formats(request: BuildRequest, log: Log) -> list[Format]:
     formats = list(dict.fromkeys(request.formats))
     if "trt" in formats and not available:
         raise BuildError(f"{request.name}: --formats trt needs TensorRT, and the `tensorrt` Python package is not installed")
-    if "trt" in formats and request.device != "gpu":
-        raise BuildError(f"{request.name}: --formats trt needs --device gpu (TensorRT engines run on GPUs only)")
     return formats
 
 
@@ -213,7 +210,6 @@ def _embed_settings(request: BuildRequest, source: ModelSource, st: SentenceTran
 
 
 def _task_settings(request: BuildRequest, source: ModelSource, task: Task, st: SentenceTransformersConfig) -> TaskSettings:
-    check_task_options(request, task)
     if task == "embed":
         return _embed_settings(request, source, st)
     labels = _labels(request, source, task)
@@ -224,9 +220,7 @@ def _task_settings(request: BuildRequest, source: ModelSource, task: Task, st: S
 
 def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[Format]) -> ResolvedSettings:
     """Fill every default from the model and reject settings the model cannot honour."""
-    if request.task not in TASKS:
-        raise BuildError(f"unsupported task {request.task!r}: choose {', '.join(TASKS)}")
-    task = cast(Task, request.task)
+    task = request.task
     st = read_sentence_transformers(source.path)
     limit = model_max_seq_len(source)
     max_seq_len = request.max_seq_len or min(limit, st.max_seq_length or 512)
@@ -238,17 +232,12 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     merge_buckets = request.merge_buckets
     if merge_buckets is None:
         merge_buckets = request.runtime == "python" and request.device == "gpu"
-    if merge_buckets and request.runtime != "python":
-        raise BuildError(f"{request.name}: --merge-buckets needs --runtime python (the native backends batch equal shapes only)")
     if any(b <= 0 for b in request.length_buckets):
         raise BuildError(f"{request.name}: --length-buckets must be positive integers")
     preferred = request.preferred_batch_sizes or default_preferred_batch_sizes(request.max_batch_size)
     if any(p <= 0 or p > request.max_batch_size for p in preferred):
         raise BuildError(f"{request.name}: preferred batch sizes must be within 1..{request.max_batch_size}")
     precision = request.onnx_precision or ("fp16" if request.device == "gpu" and request.onnx_optimize else "fp32")
-    if precision == "fp16" and not request.onnx_optimize:
-        raise BuildError(f"{request.name}: --onnx-precision fp16 converts the optimized graph; it needs the optimizer "
-                         "(drop --no-onnx-optimize or use --onnx-precision fp32)")
     gpu = request.device == "gpu"
     widths = sorted(set(request.batch_widths)) if request.batch_widths is not None else (
         list(default_widths(max_seq_len)) if gpu else [])
@@ -282,6 +271,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
 
 def plan(request: BuildRequest, notices: list[str]) -> PlannedBuild:
     """Resolve one request against its checkpoint; problems raise BuildError, remarks go to `notices`."""
+    check_options(request)
     source = resolve_source(request.model, request.revision)
     formats = resolve_formats(request, notices.append)
     settings = resolve_settings(request, source, formats)
@@ -439,10 +429,7 @@ def _stale_entries(repository: Path, planned: PlannedBuild) -> list[str]:
 
 def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr) -> list[BuildOutcome]:
     """Build every request into `repository`; all are published together, or none."""
-    names = [r.name for r in requests]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise BuildError(f"model name(s) used more than once: {', '.join(duplicates)}")
+    check_names(requests)
     notices: list[str] = []
     planned = [plan(request, notices) for request in requests]
     for notice in notices:

@@ -50,7 +50,7 @@ def check_task_options(request: BuildRequest, task: Task) -> None:
 
 
 def check_options(request: BuildRequest) -> None:
-    """Option combinations that contradict each other, whatever the model (build.py checks them again)."""
+    """Option combinations that contradict each other, whatever the model."""
     check_task_options(request, request.task)
     if request.formats and "trt" in request.formats and request.device != "gpu":
         raise UsageError(f"{request.name}: --formats trt needs --device gpu (TensorRT engines run on GPUs only)")
@@ -62,12 +62,17 @@ def check_options(request: BuildRequest) -> None:
                          "optimizer (drop --no-onnx-optimize or use --onnx-precision fp32)")
 
 
-def check_requests(requests: list[BuildRequest]) -> None:
-    """Every check that needs no heavy import: names, option combinations, local model directories."""
+def check_names(requests: list[BuildRequest]) -> None:
+    """Every NAME once: the entries of two models must not overwrite each other."""
     names = [r.name for r in requests]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UsageError(f"model name(s) used more than once: {', '.join(duplicates)}")
+
+
+def check_requests(requests: list[BuildRequest]) -> None:
+    """Every check that needs no heavy import: names, option combinations, local model directories."""
+    check_names(requests)
     for request in requests:
         check_options(request)
         check_model(request.model)
