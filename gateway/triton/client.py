@@ -60,6 +60,7 @@ CHANNEL_ARGS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
+CLOSE_DRAIN_S = 0.2
 _RETIRE_POLL_S = (0.02, 1.0)  # first and longest wait between two unregister attempts of a retired region
 
 
@@ -383,6 +384,11 @@ class TritonClient:
         self.pools.clear()
         self._closed_pools.clear()
         await self.grpc.close()
+        # gRPC's core reports the end of a cancelled call (a timed-out infer, the channel's own cancels
+        # above) later, through its poller thread, to the loop the call was made on. Stay on the loop
+        # for a moment so those reports land here and not on a closed loop, where they surface as
+        # "Event loop is closed" errors in whatever loop runs next in this process.
+        await asyncio.sleep(CLOSE_DRAIN_S)
 
 
 def _as_rows(result: grpcclient.InferResult, model: str, name: str, rows: int, width: int) -> np.ndarray:

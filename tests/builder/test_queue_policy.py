@@ -11,7 +11,9 @@ how long the machine took.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from devstack.tritonserver import TritonServer
 TINY = ["--runtime", "python", "--device", "cpu", "--formats", "onnx", "--max-seq-len", "64", "--max-batch-size", "8"]
 # ~2.5 MB: one tokenizer execution of about 2 s on the 2-core CI machine (0.8 s per million characters).
 SLOW_TEXT = "good movie " * 230_000
+# ~5 MB, about 4 s: time for requests to be seen queued (Triton's pending count) and then abandoned
+SLOWER_TEXT = SLOW_TEXT * 2
 QUEUE_FULL = "Exceeds maximum queue size"
 TIMED_OUT = "Request timeout expired"
 LONG_TIMEOUT_US = 30_000_000  # a request's own timeout, longer than any default here
@@ -127,9 +131,10 @@ async def _outcome(client: aioclient.InferenceServerClient, model: str, text: st
         return f"{exc.status()} | {exc.message()}", time.monotonic()
 
 
-async def _busy(client: aioclient.InferenceServerClient, model: str) -> asyncio.Task[tuple[str, float]]:
+async def _busy(client: aioclient.InferenceServerClient, model: str,
+                text: str = SLOW_TEXT) -> asyncio.Task[tuple[str, float]]:
     """Start the long tokenization on `model` and give it time to reach the instance."""
-    slow = asyncio.create_task(_outcome(client, model, SLOW_TEXT))
+    slow = asyncio.create_task(_outcome(client, model, text))
     await asyncio.sleep(0.4)
     assert not slow.done(), "the slow request finished before the test could queue behind it"
     return slow
@@ -193,6 +198,19 @@ def test_request_timeout_rejects_while_queued(server: TritonServer) -> None:
     assert (after["success"] - before["success"], after["fail"] - before["fail"]) == (2, 2)
 
 
+async def _queued(server: TritonServer, model: str, count: int) -> None:
+    """Wait until Triton's `nv_inference_pending_request_count` of `model` reaches `count`."""
+    pattern = re.compile(rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$', re.M)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(server.metrics_url, timeout=5).read().decode())
+        found = pattern.search(metrics)
+        if found and float(found.group(1)) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{model}: fewer than {count} requests pending after 20 s")
+
+
 def _settled(url: str, model: str, key: str, value: int) -> dict[str, int]:
     """Triton's statistics of `model` once `key` reached `value` (Triton answers some calls after the test's)."""
     deadline = time.monotonic() + 20
@@ -211,13 +229,16 @@ def test_abandoned_requests_are_not_executed(server: TritonServer) -> None:
     async def direct() -> list[str]:
         client = aioclient.InferenceServerClient(url)
         try:
-            slow = await _busy(client, "plain_tokenizer")
+            slow = await _busy(client, "plain_tokenizer", SLOWER_TEXT)
             cancelled = [asyncio.create_task(client.infer("plain_tokenizer", _text(f"cancel {i}"))) for i in range(3)]
-            deadlines = [_outcome(client, "plain_tokenizer", f"deadline {i}", client_timeout=0.3) for i in range(2)]
-            await asyncio.sleep(0.2)
+            await _queued(server, "plain_tokenizer", 3)  # cancelled once Triton holds them, not before
+            deadlines = [asyncio.create_task(_outcome(client, "plain_tokenizer", f"deadline {i}", client_timeout=1.0))
+                         for i in range(2)]
+            await _queued(server, "plain_tokenizer", 5)
             for task in cancelled:
                 task.cancel()
             outcomes = [outcome for outcome, _ in await asyncio.gather(*deadlines)]
+            assert not slow.done(), "the slow request finished before the deadlines passed"
             done, _ = await asyncio.wait(cancelled, timeout=5)
             assert len(done) == 3 and all(task.cancelled() for task in done)
             return [(await slow)[0], *outcomes]
