@@ -32,6 +32,7 @@ from builder.manifest import (
 from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
 from builder.parity import ParityResult, compare, parity_inputs, torch_reference
 from builder.publish import publish, staging_directory
+from builder.versions import next_version, stage_version
 from builder.settings import (
     BuildRequest,
     Format,
@@ -94,6 +95,7 @@ class BuildOutcome:
     skipped: bool
     parity: list[ParityResult] = field(default_factory=list)
     seconds: float = 0.0
+    version: int = 0  # the version directory it was published as (0: skipped)
 
 
 def resolve_formats(request: BuildRequest, log: Log) -> list[Format]:
@@ -408,10 +410,10 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     return results, facts
 
 
-def _manifest(planned: PlannedBuild, parity: list[ParityResult], facts: OnnxFacts) -> Manifest:
+def _manifest(planned: PlannedBuild, parity: list[ParityResult], facts: OnnxFacts, version: int) -> Manifest:
     s = planned.settings
     return Manifest(
-        builder_version=__import__("builder").BUILDER_VERSION, fingerprint=planned.fingerprint,
+        builder_version=__import__("builder").BUILDER_VERSION, fingerprint=planned.fingerprint, version=version,
         source=planned.source.identity(), settings=s,
         artifacts={role: name for role, name in planned.entries.items()},
         versions=library_versions(), python=python_version(),
@@ -427,8 +429,12 @@ def _stale_entries(repository: Path, planned: PlannedBuild) -> list[str]:
     return sorted(n for n in names - wanted if (repository / n).exists())
 
 
-def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr) -> list[BuildOutcome]:
-    """Build every request into `repository`; all are published together, or none."""
+def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr,
+              keep_versions: int = 2) -> list[BuildOutcome]:
+    """Build every request into `repository`; all are published together, or none.
+
+    Each model is published as a new version directory of all its entries, next to the newest
+    `keep_versions - 1` versions before it (builder/versions.py); Triton switches on a `load`."""
     check_names(requests)
     notices: list[str] = []
     planned = [plan(request, notices) for request in requests]
@@ -449,13 +455,15 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr
         for p in todo:
             started = time.monotonic()
             parity, facts = build_one(p, staging, log)
-            manifest = _manifest(p, parity, facts)
+            version = next_version(repository / e for e in entry_names(p.settings.name))
+            manifest = _manifest(p, parity, facts, version)
             for entry in p.entries.values():
                 write_manifest(staging / entry, manifest)
+                stage_version(staging / entry, version, repository / entry, keep_versions)
             entries += p.entries.values()
             stale += _stale_entries(repository, p)
             outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=False, parity=parity,
-                                         seconds=time.monotonic() - started))
+                                         seconds=time.monotonic() - started, version=version))
         with _step(log, f"publishing {len(entries)} entries into {repository}"):
             publish(staging, repository, entries, stale)
     return outcomes

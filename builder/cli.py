@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, get_args
@@ -113,7 +114,25 @@ def _parser() -> argparse.ArgumentParser:
                             "step a short row and a max-batch x max-seq-len batch, run by Triton at load)")
     build.add_argument("--skip-parity", dest="skip_parity", action="store_const", const=True, default=None,
                        help="record parity numbers but publish even when they fail")
+    build.add_argument("--keep-versions", type=int, default=2, metavar="N",
+                       help="version directories kept per entry, the new one included (default 2: the one served "
+                            "before stays for `serve --version` rollbacks); older ones are removed")
+    serve = commands.add_parser(
+        "serve", help="choose which published version Triton serves (takes effect on the next load/reload)",
+        epilog="exit status: 0 done; 2 usage error (no such model or version)")
+    serve.add_argument("--repository", required=True, type=Path, help="model repository directory")
+    serve.add_argument("--name", required=True, help="model NAME (all its entries)")
+    serve.add_argument("--version", required=True, type=_served_version, metavar="N|latest",
+                       help="a version directory every entry holds (policy `specific`), or `latest`")
     return parser
+
+
+def _served_version(text: str) -> int | None:
+    if text == "latest":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a version number or `latest`, not {text!r}")
+    return int(text)
 
 
 
@@ -149,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     onnxruntime are imported (seconds), so that a mistake is refused at once.
     """
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     try:
+        if args.keep_versions < 1:
+            raise UsageError("--keep-versions must be at least 1")
         requests = requests_from_args(args)
         check_requests(requests)
         from builder.logs import quiet_libraries
@@ -157,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_libraries()
         from builder.build import build_all
 
-        outcomes = build_all(requests, args.repository)
+        outcomes = build_all(requests, args.repository, keep_versions=args.keep_versions)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -168,5 +191,34 @@ def main(argv: list[str] | None = None) -> int:
         if outcome.skipped:
             print(f"{outcome.name}: up to date, nothing to do ({', '.join(outcome.entries)})")
         else:
-            print(f"{outcome.name}: built {', '.join(outcome.entries)} in {outcome.seconds:.1f}s")
+            print(f"{outcome.name}: built {', '.join(outcome.entries)} as version {outcome.version} "
+                  f"in {outcome.seconds:.1f}s")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Rewrite the version policy of every entry of one model (each config replaced atomically)."""
+    from google.protobuf import text_format
+
+    from builder.configs import read_config
+    from builder.versions import check_servable, set_policy
+    from contract import entry_names
+
+    entries = [args.repository / n for n in entry_names(args.name) if (args.repository / n / "config.pbtxt").is_file()]
+    try:
+        if not entries:
+            raise UsageError(f"no model {args.name!r} in {args.repository}")
+        if args.version is not None:
+            check_servable(entries, args.version)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for entry in entries:
+        config = read_config(entry / "config.pbtxt")
+        set_policy(config, args.version)
+        staged = entry / ".config.pbtxt.new"
+        staged.write_text(text_format.MessageToString(config))
+        os.replace(staged, entry / "config.pbtxt")
+    which = "the latest version" if args.version is None else f"version {args.version}"
+    print(f"{args.name}: {', '.join(e.name for e in entries)} now serve {which} (reload the model to apply)")
     return 0

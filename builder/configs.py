@@ -12,6 +12,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.settings import Format, ResolvedSettings, effective_buckets
+from builder.versions import set_policy
 from contract import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -277,7 +278,10 @@ def write_step_config(directory: Path, config: mc.ModelConfig, settings: Resolve
 
 
 def write_config(directory: Path, config: mc.ModelConfig) -> None:
-    """Write `directory/config.pbtxt` (text format) and create the version directory `1/`."""
+    """Write `directory/config.pbtxt` (text format, version policy `latest: 1` unless it has one) and
+    create the version directory `1/` (publication renumbers it: builder/versions.py)."""
+    if not config.HasField("version_policy"):
+        set_policy(config, None)
     (directory / "1").mkdir(parents=True, exist_ok=True)
     (directory / "config.pbtxt").write_text(text_format.MessageToString(config))
 

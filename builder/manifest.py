@@ -35,6 +35,7 @@ class Manifest(BaseModel):
 
     builder_version: str
     fingerprint: str
+    version: int = 1  # the version directory this build was published as
     source: dict[str, Any]
     settings: ResolvedSettings
     artifacts: dict[str, str]  # format -> repository entry name

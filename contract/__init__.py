@@ -96,3 +96,12 @@ def entry_names(name: str) -> tuple[str, ...]:
     """Every entry a model NAME can own in a repository."""
     steps = [step_model(name, b) for b in get_args(RepoBackend)]
     return (tokenizer_model(name), *steps, *(f"{s}_ensemble" for s in steps))
+
+
+def family_of(entry: str) -> str | None:
+    """The model NAME a repository entry belongs to (`entry_names` read backwards), or None."""
+    suffixes = ["_tokenizer", *(f"_{b}_ensemble" for b in get_args(RepoBackend)), *(f"_{b}" for b in get_args(RepoBackend))]
+    for suffix in suffixes:
+        if entry.endswith(suffix) and len(entry) > len(suffix):
+            return entry[: -len(suffix)]
+    return None

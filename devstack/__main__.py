@@ -1,7 +1,8 @@
-"""`python -m devstack --repository PATH`: Triton (CPU wheel binary) + gateway, no Docker, no GPU.
+"""`python -m devstack [--repository PATH]`: Triton (CPU wheel binary) + gateway, no Docker, no GPU.
 
-Build the repository with the builder's `--runtime python`, then e.g.
-    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m devstack --repository /tmp/repo --port 8080
+Build the repository with the builder's `--runtime python` (into model_repository/models, the
+folder compose mounts too), then e.g.
+    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m devstack --port 8080
 and call http://127.0.0.1:8080/classify. Ctrl-C, SIGTERM or SIGHUP (terminal closed) stop both.
 When one of the two exits by itself, devstack says which on stderr, stops the other and exits 1.
 Any GATEWAY_* variable in the environment (see .env.example) configures the gateway; the flags
@@ -18,13 +19,15 @@ from pathlib import Path
 
 from devstack.stack import LocalStack
 
+DEFAULT_REPOSITORY = Path("model_repository/models")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m devstack", description=__doc__.splitlines()[0])
-    parser.add_argument("--repository", type=Path, required=True, help="model repository (builder output)")
+    parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
+                        help=f"model repository (builder output; default {DEFAULT_REPOSITORY}, as compose)")
     parser.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
     parser.add_argument("--workers", type=int, default=None, help="gateway worker processes")
     parser.add_argument("--shm", choices=("system", "none"), default=None, help="tensor transport")

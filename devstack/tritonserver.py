@@ -112,8 +112,9 @@ def server_environment(home: Path, stub_python: Path | None = None) -> dict[str,
 class TritonServer:
     """A tritonserver child process serving `repository`; use as a context manager.
 
-    Ports default to free ones. `model_control` is "none" (load everything) or
-    "explicit" (load `load_models`). `stub_python`: see `server_environment`.
+    Ports default to free ones. `model_control` is "explicit" (load `load_models`, by default
+    every model: `*`; then load and unload over the repository API), as compose runs it, or "none".
+    `stub_python`: see `server_environment`.
     `shm_prefix` names the python backend's /dev/shm regions; `stop` unlinks them.
     """
 
@@ -121,8 +122,8 @@ class TritonServer:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
-    model_control: str = "none"
-    load_models: tuple[str, ...] = ()
+    model_control: str = "explicit"
+    load_models: tuple[str, ...] = ("*",)
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 120.0
@@ -159,7 +160,8 @@ class TritonServer:
             "--log-verbose=0",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
-        cmd += [f"--load-model={m}" for m in self.load_models]
+        if self.model_control == "explicit":
+            cmd += [f"--load-model={m}" for m in self.load_models]
         return cmd + list(self.extra_args)
 
     def start(self) -> Self:

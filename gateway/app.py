@@ -17,9 +17,11 @@ from gateway import tracing
 from gateway.api.errors import install_error_handlers
 from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.responses import OrjsonResponse
+from gateway.api.admin import admin
 from gateway.api.routes import api, ops
 from gateway.logs import configure_logging
 from gateway.metrics import mark_worker_dead
+from gateway.service.admin import ModelAdmin
 from gateway.service.runtime import Runtime
 from gateway.settings import GatewaySettings, get_settings
 
@@ -34,6 +36,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = Runtime(settings)
         app.state.runtime = runtime
+        app.state.admin = ModelAdmin(runtime)
         await runtime.start()
         try:
             yield
@@ -55,6 +58,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     install_error_handlers(app)
     app.include_router(api)
     app.include_router(ops)
+    app.include_router(admin)
     if settings.docs:
         _serve_docs(app)
     app.add_middleware(
@@ -63,6 +67,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
         max_in_flight=settings.max_in_flight,
         max_body_bytes=settings.max_body_bytes,
         api_keys=settings.api_keys,
+        admin_keys=settings.admin_keys,
     )
     return app
 

@@ -16,6 +16,7 @@ class ErrorKind(StrEnum):
 
     INVALID = "invalid_request"  # the request cannot be served as sent
     UNAUTHORIZED = "authentication_error"
+    FORBIDDEN = "permission_denied"  # a key was given, but not one that may do this
     NOT_FOUND = "model_not_found"
     TOO_LARGE = "payload_too_large"
     UNSUPPORTED_MEDIA = "unsupported_media_type"

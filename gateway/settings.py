@@ -72,6 +72,13 @@ class GatewaySettings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted bearer keys; empty list = no auth."
     )
+    admin_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Bearer keys of the admin routes (/admin/models: load, unload, reload "
+        "model families); empty list = the admin routes are off (404). Separate from GATEWAY_API_KEYS.",
+    )
+    admin_timeout_s: float = Field(
+        600.0, gt=0, description="How long an admin load or unload waits for Triton (a TensorRT engine can take minutes).",
+    )
     request_id_header: str = Field("X-Request-ID", description="Request id header, echoed back.")
     host: str = Field("0.0.0.0", description="Listen address.")
     port: int = Field(8080, ge=1, le=65535, description="Listen port.")
@@ -85,7 +92,7 @@ class GatewaySettings(BaseSettings):
         "", description="PROMETHEUS_MULTIPROC_DIR for several workers; empty = a fresh temp dir."
     )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

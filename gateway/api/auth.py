@@ -2,6 +2,7 @@
 
 Checked by the request-context middleware before the body is read, so a client without a key
 costs no body parsing. Health, readiness, metrics and the docs stay public (TEI's split).
+The admin routes (/admin/...) take only admin keys (GATEWAY_ADMIN_KEYS) and are off without one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hmac
 from gateway.errors import ErrorKind, GatewayError
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json"})
+ADMIN_PREFIX = "/admin/"
 
 
 def is_public(path: str) -> bool:
@@ -34,4 +36,22 @@ def check_api_key(authorization: str, keys: list[str]) -> GatewayError | None:
         return GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer API key")
     if not key_matches(token.strip().encode(), keys):
         return GatewayError(ErrorKind.UNAUTHORIZED, "invalid API key")
+    return None
+
+
+def is_admin(path: str) -> bool:
+    return path.startswith(ADMIN_PREFIX) or path == ADMIN_PREFIX.rstrip("/")
+
+
+def check_admin_key(authorization: str, admin_keys: list[str]) -> GatewayError | None:
+    """None when the header names an admin key; 404 when no admin key is set (the routes are off),
+    401 without a bearer key, 403 with a key that is not an admin key (an API key, or a wrong one)."""
+    if not admin_keys:
+        return GatewayError(ErrorKind.NOT_FOUND, "the admin API is off: set GATEWAY_ADMIN_KEYS to enable it",
+                            type="not_found")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer admin key")
+    if not key_matches(token.strip().encode(), admin_keys):
+        return GatewayError(ErrorKind.FORBIDDEN, "this key may not use the admin API", type="forbidden")
     return None

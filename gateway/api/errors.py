@@ -19,6 +19,7 @@ log = logging.getLogger("gateway.errors")
 STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID: 400,
     ErrorKind.UNAUTHORIZED: 401,
+    ErrorKind.FORBIDDEN: 403,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.UNSUPPORTED_MEDIA: 415,

@@ -13,8 +13,9 @@ import uuid
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.auth import check_api_key, is_public
+from gateway.api.auth import check_admin_key, check_api_key, is_admin, is_public
 from gateway.api.errors import error_response, gateway_error_response
+from gateway.errors import GatewayError
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
 
 log = logging.getLogger("gateway.access")
@@ -49,15 +50,24 @@ class RequestContextMiddleware:
     """Wraps every HTTP request; handlers put `model`/`inputs` into `request.state`."""
 
     def __init__(
-        self, app: ASGIApp, *, request_id_header: str, max_in_flight: int, max_body_bytes: int, api_keys: list[str]
+        self, app: ASGIApp, *, request_id_header: str, max_in_flight: int, max_body_bytes: int, api_keys: list[str],
+        admin_keys: list[str] | None = None,
     ) -> None:
         self.app = app
         self.api_keys = api_keys
+        self.admin_keys = admin_keys or []
         self.header = request_id_header.lower().encode()
         self.header_name = request_id_header.encode()
         self.max_in_flight = max_in_flight
         self.max_body_bytes = max_body_bytes
         self.in_flight = 0
+
+    def _denied(self, scope: Scope) -> GatewayError | None:
+        """The 401/403/404 of a request without the key its path needs (API key, admin key, none)."""
+        path, authorization = scope["path"], header(scope, b"authorization")
+        if is_admin(path):
+            return check_admin_key(authorization, self.admin_keys)
+        return None if is_public(path) else check_api_key(authorization, self.api_keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -106,7 +116,7 @@ class RequestContextMiddleware:
         start = time.perf_counter()
         too_large = f"request body over the limit of {self.max_body_bytes} bytes"
         length = declared_length(scope)
-        denied = None if is_public(scope["path"]) else check_api_key(header(scope, b"authorization"), self.api_keys)
+        denied = self._denied(scope)
         if denied is not None:
             await gateway_error_response(denied)(scope, receive, send_with_id)
         elif length is not None and length > self.max_body_bytes:

@@ -327,7 +327,8 @@ async def readyz(request: Request, deep: bool = False) -> Response:
     one-token request through every served model (short deadline) and reports each."""
     runtime = _runtime(request)
     ready = await runtime.ready()
-    body: dict[str, Any] = {"status": "ready" if ready else "not ready", "models": sorted(runtime.registry.models)}
+    body: dict[str, Any] = {"status": "ready" if ready else "not ready", "models": sorted(runtime.registry.models),
+                            "families": {n: runtime.registry.state_of(n) for n in sorted(runtime.registry.families)}}
     if deep and ready:
         body["checks"] = checks = await runtime.probe()
         if any(v != "ok" for v in checks.values()):

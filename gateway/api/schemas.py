@@ -240,11 +240,18 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+FamilyStateName = Literal["ready", "loading", "unloading", "unloaded", "failed", "invalid"]
+
+
 class Readiness(BaseModel):
     """`GET /readyz`: 200 "ready", or 503 "not ready" (Triton down, no model, or a model not loaded)."""
 
     status: Literal["ready", "not ready"]
     models: list[str]
+    families: dict[str, FamilyStateName] = Field(
+        default_factory=dict, description="Every model family in Triton's repository and its state: `ready` "
+        "(served), `loading`, `unloading`, `unloaded`, `failed` (a load failed), `invalid` (not served: it "
+        "does not follow the repository contract).", examples=[{"m3e": "ready", "kcbert": "unloaded"}])
     checks: dict[str, str] | None = Field(
         None, description="`?deep=1`: per model, `ok` or why a one-token request through it failed.",
         examples=[{"reranker": "ok"}])
@@ -257,3 +264,27 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+class FamilyEntry(BaseModel):
+    """One version of one repository entry, as Triton's repository index lists it."""
+
+    name: str
+    version: str
+    state: str = Field(description="Triton's state: READY, LOADING, UNLOADING, UNAVAILABLE, or empty (never loaded).")
+    reason: str = ""
+
+
+class ModelFamily(BaseModel):
+    """`/admin/models`: a model NAME's tokenizer, steps and ensembles and the state they add up to."""
+
+    name: str
+    state: FamilyStateName
+    reason: str = ""
+    served: bool = Field(description="Whether the API serves it now (it is in /v1/models).")
+    entries: list[FamilyEntry]
+
+
+class FamilyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelFamily]

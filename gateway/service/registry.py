@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import orjson
 from tritonclient.grpc import model_config_pb2
@@ -21,14 +22,72 @@ from contract import (
     ApiBackend,
     Param,
     Task,
+    family_of,
     output_name,
 )
 from contract.batching import parse_sizes
-from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.errors import ErrorKind, GatewayError, invalid, unavailable
+from gateway.triton.client import IndexEntry
 
 log = logging.getLogger("gateway.registry")
 
 Backend = ApiBackend
+# A model family (its tokenizer, model steps and ensembles) as Triton holds it. `ready`: served;
+# `invalid`: Triton serves it but it does not follow the contract (skipped); `failed`: a load failed.
+FamilyState = Literal["ready", "loading", "unloading", "unloaded", "failed", "invalid"]
+LOADING_RETRY_AFTER_S = 2.0
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model NAME's entries in Triton's repository index and the state they add up to."""
+
+    name: str
+    state: FamilyState
+    entries: tuple[IndexEntry, ...]
+    reason: str = ""  # Triton's reason for `failed`
+
+    @property
+    def ensembles(self) -> list[str]:
+        return sorted({e.name for e in self.entries if e.name.endswith("_ensemble")})
+
+    @property
+    def steps(self) -> list[str]:
+        """The tokenizer and model steps: what the ensembles run."""
+        return sorted({e.name for e in self.entries if not e.name.endswith("_ensemble")})
+
+    def loaded(self) -> list[str]:
+        """Entries with a version Triton holds (READY or LOADING)."""
+        return sorted({e.name for e in self.entries if e.state in ("READY", "LOADING")})
+
+
+def family_state(entries: list[IndexEntry]) -> tuple[FamilyState, str]:
+    """What a family's index rows add up to: ready when an ensemble version is READY (during a reload
+    the old version serves until the new one is ready), else loading, unloading, failed or unloaded."""
+    ensembles = [e for e in entries if e.name.endswith("_ensemble")]
+    if any(e.state == "READY" for e in ensembles or entries):
+        return "ready", ""
+    for state in ("LOADING", "UNLOADING"):
+        if any(e.state == state for e in entries):
+            return state.lower(), ""  # type: ignore[return-value]
+    failures = [f"{e.name}: {e.reason}" for e in entries if e.reason not in ("", "unloaded")]
+    if failures:
+        return "failed", "; ".join(failures)
+    return "unloaded", ""
+
+
+def families_of(index: list[IndexEntry]) -> dict[str, Family]:
+    """The model families of Triton's repository index, by the contract's entry names."""
+    rows: dict[str, list[IndexEntry]] = {}
+    for entry in index:
+        name = family_of(entry.name)
+        if name is not None:
+            rows.setdefault(name, []).append(entry)
+    families = {}
+    for name, entries in sorted(rows.items()):
+        state, reason = family_state(entries)
+        families[name] = Family(name, state, tuple(sorted(entries)), reason)
+    return families
 
 
 @dataclass(frozen=True)
@@ -202,12 +261,14 @@ class Registry:
 
     def __init__(self, refresh_interval_s: float) -> None:
         self.models: dict[str, ServedModel] = {}
+        self.families: dict[str, Family] = {}
         self.refresh_interval_s = refresh_interval_s
-        self.index: list[tuple[str, str]] | None = None  # Triton's ready (name, version) the models came from
+        self.index: list[IndexEntry] | None = None  # Triton's repository index the models came from
         self.generation = 0  # +1 per refresh
         self._last_refresh = float("-inf")
+        self._changing: dict[str, FamilyState] = {}  # families an admin call is loading or unloading here
 
-    def replace(self, configs: list[model_config_pb2.ModelConfig], index: list[tuple[str, str]] | None = None) -> None:
+    def replace(self, configs: list[model_config_pb2.ModelConfig], index: list[IndexEntry] | None = None) -> None:
         """Rebuild the served models from the ready models' configs; a malformed ensemble is skipped."""
         by_name = {c.name: c for c in configs}
         models: dict[str, ServedModel] = {}
@@ -226,7 +287,36 @@ class Registry:
             log.info("served models: %s", {n: sorted(m.endpoints) for n, m in models.items()})
         self.models = models
         self.index = index
+        self.families = families_of(index or [])
+        for name, family in self.families.items():
+            if family.state == "ready" and name not in models:
+                self.families[name] = Family(name, "invalid", family.entries, "does not follow the repository contract")
         self.touch()
+
+    def changing(self, name: str, state: FamilyState | None) -> None:
+        """Mark a family as being loaded or unloaded by this worker (None: done)."""
+        if state is None:
+            self._changing.pop(name, None)
+        else:
+            self._changing[name] = state
+
+    def state_of(self, name: str) -> FamilyState | None:
+        """A family's state; None when Triton's repository has no such family."""
+        if name in self._changing and name not in self.models:
+            return self._changing[name]
+        family = self.families.get(name)
+        return family.state if family else ("ready" if name in self.models else None)
+
+    def _not_served(self, name: str) -> GatewayError:
+        """404 for an unknown or unloaded family; 503 with Retry-After for one that is loading."""
+        state = self.state_of(name)
+        if state == "loading":
+            return unavailable(f"model {name!r} is loading; retry shortly", type="model_loading",
+                               retry_after_s=LOADING_RETRY_AFTER_S)
+        if state is None:
+            return GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
+        return GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served: it is {state} "
+                            f"(served: {sorted(self.models)})")
 
     def touch(self) -> None:
         """Record a refresh (also one that found nothing changed)."""
@@ -247,7 +337,7 @@ class Registry:
                           type="model_required")
         model = self.models.get(name)
         if model is None:
-            raise GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
+            raise self._not_served(name)
         return model
 
     def resolve(self, name: str | None, task: Task) -> ServedModel:
@@ -264,7 +354,7 @@ class Registry:
             )
         model = self.models.get(name)
         if model is None:
-            raise GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
+            raise self._not_served(name)
         if model.task != task:
             raise invalid(f"model {name!r} serves the {model.task} task, not {task}", type="wrong_task")
         return model

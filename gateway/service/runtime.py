@@ -41,8 +41,9 @@ class Runtime:
         if self.settings.refresh_interval_s > 0:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
-    async def refresh(self) -> None:
-        """Re-read the served models from Triton once, however many callers ask at the same time.
+    async def refresh(self, force: bool = False) -> None:
+        """Re-read the served models from Triton once, however many callers ask at the same time
+        (`force`: read again even when another caller's read finished while this one waited).
 
         The configs are read every time: a model rebuilt in place (same name and version, e.g. new
         labels, batch size or tokenizer, then a Triton restart or reload) changes no index entry.
@@ -50,10 +51,10 @@ class Runtime:
         the last rebuild failed part-way."""
         seen = self.registry.generation
         async with self._refresh_lock:
-            if self.registry.generation != seen:
+            if self.registry.generation != seen and not force:
                 return  # refreshed while this caller waited for the lock
-            index = await self.client.ready_index()
-            configs = await self.client.model_configs([name for name, _ in index])
+            index = await self.client.repository_index()
+            configs = await self.client.model_configs(sorted({e.name for e in index if e.state == "READY"}))
             if index == self.registry.index and configs == self._synced:
                 self.registry.touch()
                 return
@@ -121,8 +122,11 @@ class Runtime:
         return {m.name: r for m, r in zip(models, results)}
 
     async def ready(self) -> bool:
-        """Triton ready, at least one model served, and every served ensemble loaded."""
-        if not await self.client.server_ready():
+        """Triton live, at least one model served, and every served ensemble loaded. Not Triton's own
+        (strict) readiness: that turns false while any model unloads or loads, and an admin call on
+        one family must not take the others out of service. Triton answers only once the models
+        it loads at start-up are loaded."""
+        if not await self.client.server_live():
             return False
         if self.registry.refresh_due() or not self.registry.models:
             try:

@@ -24,14 +24,22 @@ class TokenizerUnavailable(Exception):
     """Why the gateway cannot tokenize for a model itself (it then uses the model's ensemble)."""
 
 
-def tokenizer_path(repository: Path, tokenizer_model: str) -> Path:
-    """tokenizer.json of the highest version directory of `tokenizer_model` that has one."""
+def tokenizer_bytes(repository: Path, tokenizer_model: str, sha256: str = "") -> tuple[Path, bytes]:
+    """tokenizer.json of `tokenizer_model`: the newest version directory whose file has `sha256` (the one
+    Triton serves: a newer version may be published and not loaded yet, or an older one be served on
+    purpose), or the newest one when no hash is known."""
     folder = repository / tokenizer_model
     versions = sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=True) if folder.is_dir() else []
+    found = False
     for version in versions:
         candidate = folder / str(version) / TOKENIZER_FILE
         if candidate.is_file():
-            return candidate
+            found = True
+            data = candidate.read_bytes()
+            if not sha256 or hashlib.sha256(data).hexdigest() == sha256:
+                return candidate, data
+    if found:
+        raise TokenizerUnavailable(f"no {TOKENIZER_FILE} under {folder} is the one Triton serves (sha256 mismatch)")
     raise TokenizerUnavailable(f"no {TOKENIZER_FILE} under {folder}")
 
 
@@ -41,10 +49,7 @@ def load_encoder(repository: str, model: ServedModel) -> TextEncoder:
         raise TokenizerUnavailable("GATEWAY_REPOSITORY is not set")
     if model.tokenizer is None:
         raise TokenizerUnavailable("its ensemble does not name a tokenizer model and a model step")
-    path = tokenizer_path(Path(repository), model.tokenizer.triton_model)
-    data = path.read_bytes()
-    if model.tokenizer.sha256 and hashlib.sha256(data).hexdigest() != model.tokenizer.sha256:
-        raise TokenizerUnavailable(f"{path} differs from the tokenizer Triton serves (sha256 mismatch)")
+    _, data = tokenizer_bytes(Path(repository), model.tokenizer.triton_model, model.tokenizer.sha256)
     return TextEncoder(Tokenizer.from_str(data.decode("utf-8")), model.max_seq_len)
 
 

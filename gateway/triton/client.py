@@ -92,6 +92,26 @@ def _in_use(exc: InferenceServerException) -> bool:
     return "in use" in (exc.message() or "").lower()
 
 
+def _repository_error(exc: InferenceServerException, model: str, action: str) -> GatewayError:
+    """A failed load or unload: Triton unreachable, or Triton's reason (e.g. a model that does not load)."""
+    error = translate_error(exc)
+    if error.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT) and error.type != "model_unavailable":
+        return error
+    return GatewayError(ErrorKind.UPSTREAM, f"Triton could not {action} {model}: {exc.message() or exc}",
+                        type=f"{action}_failed")
+
+
+@dataclass(frozen=True, order=True)
+class IndexEntry:
+    """One row of Triton's repository index: a model version and its state (READY, LOADING, UNLOADING,
+    UNAVAILABLE; empty for a model never loaded) with Triton's reason (e.g. `unloaded`, a load error)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+
 def _contract_mismatch(model: str, detail: str) -> GatewayError:
     return GatewayError(
         ErrorKind.UPSTREAM, f"{model} answered outside the repository contract: {detail}", type="contract_mismatch"
@@ -113,9 +133,9 @@ class TritonClient:
         self._closed_pools: set[ShmPool] = set()
 
     # --- health and discovery -------------------------------------------------------
-    async def server_ready(self) -> bool:
+    async def server_live(self) -> bool:
         try:
-            return bool(await self.grpc.is_server_ready(client_timeout=self.timeout))
+            return bool(await self.grpc.is_server_live(client_timeout=self.timeout))
         except InferenceServerException:
             return False
 
@@ -125,13 +145,30 @@ class TritonClient:
         except InferenceServerException:
             return False
 
-    async def ready_index(self) -> list[tuple[str, str]]:
-        """(name, version) of every READY model in Triton's repository index."""
+    async def repository_index(self) -> list[IndexEntry]:
+        """Every (model, version) of Triton's repository index with its state, loaded or not."""
         try:
             index = await self.grpc.get_model_repository_index(client_timeout=self.timeout)
         except InferenceServerException as exc:
             raise translate_error(exc) from None
-        return sorted({(m.name, m.version) for m in index.models if m.state == "READY"})
+        return sorted({IndexEntry(m.name, m.version, m.state, m.reason) for m in index.models})
+
+    async def load_model(self, name: str, timeout_s: float) -> None:
+        """Load `name` (or load it again: new versions, changed files) and wait until Triton is done.
+
+        Triton polls an ensemble's steps with it and switches the ensemble once they are ready;
+        the loaded version keeps serving until the new one is ready (zero downtime)."""
+        try:
+            await self.grpc.load_model(name, client_timeout=timeout_s)
+        except InferenceServerException as exc:
+            raise _repository_error(exc, name, "load") from None
+
+    async def unload_model(self, name: str, timeout_s: float) -> None:
+        """Unload `name`; requests it already accepted finish first (in Triton)."""
+        try:
+            await self.grpc.unload_model(name, client_timeout=timeout_s)
+        except InferenceServerException as exc:
+            raise _repository_error(exc, name, "unload") from None
 
     async def model_configs(self, names: list[str]) -> list[model_config_pb2.ModelConfig]:
         """Configs of `names`; a model that went away in between is left out."""

@@ -42,10 +42,19 @@ OPERATIONS = {
     "POST /tokenize",
     "POST /decode",
     "GET /v1/models/{model_id}",
+    "GET /admin/models",
+    "GET /admin/models/{name}",
+    "POST /admin/models/{name}/load",
+    "POST /admin/models/{name}/reload",
+    "POST /admin/models/{name}/unload",
 }
+ADMIN = {label for label in OPERATIONS if " /admin/" in label}
 # The fake repository serves no reranker and no tokenizer the gateway can read: these operations
-# answer 404 / 501 there (their 200s are tested in test_peer_api.py).
-NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /decode", "GET /v1/models/{model_id}"}
+# answer 404 / 501 there (their 200s are tested in test_peer_api.py). The admin routes are off here
+# (no GATEWAY_ADMIN_KEYS: 404; fuzzing them with a key would unload the shared server's models):
+# tests/gateway/test_admin.py covers them.
+NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /decode", "GET /v1/models/{model_id}",
+                   *ADMIN}
 MAX_EXAMPLES = 50  # per operation and generation mode, on top of the schema's examples and the coverage phase
 # Every error type a 4xx may carry; gateway/README.md's error table documents each.
 ERROR_TYPES_4XX = {
@@ -53,7 +62,7 @@ ERROR_TYPES_4XX = {
     "unsupported_dimensions", "authentication_error", "model_not_found", "not_found", "method_not_allowed",
     "body_too_large", "too_many_inputs", "input_too_long", "unsupported_media_type", "validation_error",
     "rate_limited", "pairs_required", "pairs_not_supported", "unknown_prompt", "invalid_token_id",
-    "token_input_unsupported", "prompt_with_token_input",
+    "token_input_unsupported", "prompt_with_token_input", "forbidden",
 }
 CONFIG = {
     "seed": 20261123,

@@ -36,6 +36,7 @@ from devstack.fake_repository import (
 )
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
+from gateway.triton.client import IndexEntry
 from tests.gateway.conftest import running_gateway, shm_segments
 
 pytestmark = pytest.mark.anyio
@@ -206,16 +207,16 @@ async def test_unknown_model_burst_refreshes_once(fake_triton: TritonServer) -> 
     async with running_gateway(fake_triton.grpc_url, refresh_interval_s=0, shm_prefix=unique("gwburst"),
                                shm_pool_size=1) as (app, client):
         client_ = app.state.runtime.client
-        index_read = client_.ready_index
+        index_read = client_.repository_index
         reads = 0
 
-        async def counted() -> list[tuple[str, str]]:
+        async def counted() -> list[IndexEntry]:
             nonlocal reads
             reads += 1
             await asyncio.sleep(0.05)  # a slow read: the burst arrives while it runs
             return await index_read()
 
-        client_.ready_index = counted
+        client_.repository_index = counted
         responses = await asyncio.gather(
             *(client.post("/embed", json={"model": "nosuch", "inputs": [f"t{i}"]}) for i in range(50)))
         assert all(r.status_code == 404 for r in responses), {r.status_code for r in responses}

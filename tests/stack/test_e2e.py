@@ -6,9 +6,12 @@ base (scripts/build-local-base) with wheels from docker/wheelhouse (scripts/fill
 Triton is the PyPI-wheel tritonserver, the builder builds two tiny random BERT models (written
 here, mounted into the builder) with `--runtime python --device cpu --formats onnx`. Checks
 /classify and /embed through the published port (tensors over system shared memory between the
-gateway and Triton containers), both Prometheus targets up, the second `up` reusing the built
-repository, and that `down -v` leaves no container or volume. Timings go to E2E_TIMINGS
-(default .cache/e2e-timings.json).
+gateway and Triton containers), both Prometheus targets up, the README's update workflow under a
+background load (`docker compose run --rm builder` builds version 2 of the embedder from other
+weights, the admin reload switches to it: answers change, no request fails, every answer is the old
+or the new vector), the second `up` reusing the built repository (the host folder
+MODEL_REPOSITORY_DIR, here in the test's temp dir), and that `down -v` leaves no container or
+volume. Timings go to E2E_TIMINGS (default .cache/e2e-timings.json).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +40,8 @@ from tests.stack.tools import REPO_ROOT, clean_environment, compose_command, ens
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 TIMINGS = Path(os.environ.get("E2E_TIMINGS", REPO_ROOT / ".cache" / "e2e-timings.json"))
+ADMIN_KEY = "e2e-admin-key"
+EMBED_TEXTS = ["hello world", "文本测试", "a third text, a bit longer than the others"]
 
 
 def docker_available() -> bool:
@@ -60,6 +66,8 @@ class Stack:
             **clean_environment(),
             "COMPOSE_PROJECT_NAME": self.project,
             "MODELS_SPEC": str(self.workdir / "models.yaml"),
+            "MODEL_REPOSITORY_DIR": str(self.workdir / "model_repository"),
+            "GATEWAY_ADMIN_KEYS": ADMIN_KEY,
             "TRITON_START_PERIOD": "120s",
             **{k: str(v) for k, v in self.ports.items()},
         }
@@ -78,9 +86,11 @@ class Stack:
         return f"http://127.0.0.1:{self.ports[port]}{path}"
 
 
-def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> tuple[int, Any]:
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 30,
+              headers: dict[str, str] | None = None, method: str | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={**({"Content-Type": "application/json"} if data else {}), **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             raw = response.read()
@@ -116,6 +126,8 @@ def write_inputs(workdir: Path) -> None:
     """Tiny models, the spec naming them by their path in the builder, and the override mounting them."""
     write_tiny_classifier(workdir / "local-models" / "tinycls")
     write_tiny_embedder(workdir / "local-models" / "tinyemb")
+    write_tiny_embedder(workdir / "local-models" / "tinyemb-v2", seed=2)  # the update: other weights
+    (workdir / "model_repository").mkdir()
     spec = {
         "defaults": {"device": "cpu", "runtime": "python", "formats": "onnx", "max_batch_size": 8, "max_seq_len": 64},
         "models": [
@@ -154,6 +166,61 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "10", check=False)
+
+
+def embed(stack: Stack) -> tuple[int, Any]:
+    return http_json(stack.url("GATEWAY_PUBLISHED_PORT", "/embed"), {"model": "tinyemb", "inputs": EMBED_TEXTS})
+
+
+def update_under_load(stack: Stack) -> float:
+    """The README's update workflow while a client calls /embed in a loop: build version 2 (the spec
+    now names other weights), reload, check readiness. Returns the seconds the three commands took."""
+    status, body = embed(stack)
+    assert status == 200, body
+    old = body["embeddings"]
+    spec = yaml.safe_load((stack.workdir / "models.yaml").read_text())
+    spec["models"][1]["model"] = "/local-models/tinyemb-v2"
+    (stack.workdir / "models.yaml").write_text(yaml.safe_dump(spec))
+
+    answers: list[tuple[int, Any]] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            answers.append(embed(stack))
+
+    client = threading.Thread(target=load)
+    client.start()
+    start = time.monotonic()
+    try:
+        built = stack.compose("run", "--rm", "builder")  # 1: docker compose run --rm builder
+        assert "tinyemb: built" in built.stdout and "as version 2" in built.stdout, built.stdout
+        assert "tinycls: up to date" in built.stdout, built.stdout
+        status, body = http_json(stack.url("GATEWAY_PUBLISHED_PORT", "/admin/models/tinyemb/reload"), method="POST",
+                                 headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=300)  # 2: reload
+        assert status == 200 and body["state"] == "ready", body
+        status, body = http_json(stack.url("GATEWAY_PUBLISHED_PORT", "/readyz"))  # 3: readiness
+        assert status == 200 and body["families"] == {"tinycls": "ready", "tinyemb": "ready"}, body
+        took = time.monotonic() - start
+        time.sleep(1)
+    finally:
+        stop.set()
+        client.join()
+    status, body = embed(stack)
+    assert status == 200, body
+    new = body["embeddings"]
+    assert new != old
+    failed = [a for a in answers if a[0] != 200]
+    assert answers and not failed, failed[:3]
+    seen = {"old": 0, "new": 0}
+    for _, body in answers:
+        for row, was, now in zip(body["embeddings"], old, new):
+            which = "old" if max(abs(a - b) for a, b in zip(row, was)) < 1e-4 else "new"
+            assert which == "old" or max(abs(a - b) for a, b in zip(row, now)) < 1e-4, "neither old nor new"
+            seen[which] += 1
+    assert seen["old"] and seen["new"], seen
+    print(f"update under load: {len(answers)} requests, none failed, {seen}, {took:.1f}s")
+    return took
 
 
 def test_compose_stack_end_to_end(stack: Stack) -> None:
@@ -203,6 +270,8 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
     wait_until("both Prometheus targets up", both_targets_up, 60, stack)
     status, body = http_json(stack.url("PROMETHEUS_PORT", "/api/v1/query?query=sum(nv_inference_request_success)"))
     assert status == 200 and body["data"]["result"], body
+
+    timings["update_s"] = update_under_load(stack)
 
     # Second start: containers gone, volumes kept; the builder finds the manifests unchanged.
     stack.compose("down", "--timeout", "10")
