@@ -234,8 +234,9 @@ class TritonClient:
 
     def _close_pool(self, pool: ShmPool) -> None:
         free = pool.close()
-        if len(free) < len(pool.regions):
-            self._closed_pools.add(pool)  # regions still out: unlinked as they come back, or at close()
+        # kept until every region is unregistered and unlinked: the free ones now (in the background),
+        # the ones still out as they come back; close() finishes whatever is left of either
+        self._closed_pools.add(pool)
         self._spawn(self._unregister_and_destroy(pool, free))
 
     async def _unregister_and_destroy(self, pool: ShmPool, regions: list[Region]) -> None:

@@ -75,15 +75,19 @@ def test_gpu_stack_config(env_file: Path) -> None:
     assert services["triton"]["depends_on"]["builder"]["condition"] == "service_completed_successfully"
     assert services["gateway"]["depends_on"]["triton"]["condition"] == "service_healthy"
     assert services["triton"]["ipc"] == "shareable" and services["gateway"]["ipc"] == "service:triton"
-    assert "/v2/health/ready" in (REPO_ROOT / "docker/triton/healthcheck.py").read_text()
+    # live: endpoints open once the start-up loads are done; ready turns false during any admin (un)load
+    assert "/v2/health/live" in (REPO_ROOT / "docker/triton/healthcheck.py").read_text()
+    command = services["triton"]["command"]
+    assert "--model-control-mode=explicit" in command and "--load-model=*" in command
     assert "/readyz" in (REPO_ROOT / "docker/gateway/healthcheck.py").read_text()
     assert services["triton"]["shm_size"] and services["gateway"]["healthcheck"]["test"]
-    volumes = {v["target"]: v for v in services["triton"]["volumes"]}
-    assert volumes["/model_repository"]["source"] == "model_repository" and volumes["/model_repository"]["read_only"]
-    # the gateway reads the same repository (tokenizer.json for the scheduler pipeline), read-only
-    gateway_volumes = {v["target"]: v for v in services["gateway"]["volumes"]}
-    assert gateway_volumes["/model_repository"]["source"] == "model_repository"
-    assert gateway_volumes["/model_repository"]["read_only"]
+    # the host folder ./model_repository: the builder writes it, Triton and the gateway (tokenizer.json
+    # for the scheduler pipeline) read it
+    repository = str(REPO_ROOT / "model_repository")
+    for name, read_only in (("builder", False), ("triton", True), ("gateway", True)):
+        mount = {v["target"]: v for v in services[name]["volumes"]}["/model_repository"]
+        assert (mount["type"], mount["source"], bool(mount.get("read_only"))) == ("bind", repository, read_only), name
+    assert (REPO_ROOT / "model_repository" / "README.md").is_file()
     assert services["gateway"]["environment"]["GATEWAY_REPOSITORY"] == "/model_repository/models"
     assert "--model-repository=/model_repository/models" in services["triton"]["command"]
     assert {v["target"] for v in services["builder"]["volumes"]} >= {"/model_repository", "/cache/huggingface", "/cache/tensorrt"}
