@@ -27,14 +27,20 @@ def key_matches(supplied: bytes, keys: list[str]) -> bool:
     return matched
 
 
+def bearer_token(authorization: str) -> bytes | None:
+    """The key of an `Authorization: Bearer <key>` header, or None."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip().encode() if scheme.lower() == "bearer" and token else None
+
+
 def check_api_key(authorization: str, keys: list[str]) -> GatewayError | None:
     """None when `keys` is empty or the `Authorization: Bearer <key>` header names one, else the 401."""
     if not keys:
         return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(authorization)
+    if token is None:
         return GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer API key")
-    if not key_matches(token.strip().encode(), keys):
+    if not key_matches(token, keys):
         return GatewayError(ErrorKind.UNAUTHORIZED, "invalid API key")
     return None
 
@@ -49,9 +55,9 @@ def check_admin_key(authorization: str, admin_keys: list[str]) -> GatewayError |
     if not admin_keys:
         return GatewayError(ErrorKind.NOT_FOUND, "the admin API is off: set GATEWAY_ADMIN_KEYS to enable it",
                             type="not_found")
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(authorization)
+    if token is None:
         return GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer admin key")
-    if not key_matches(token.strip().encode(), admin_keys):
+    if not key_matches(token, admin_keys):
         return GatewayError(ErrorKind.FORBIDDEN, "this key may not use the admin API", type="forbidden")
     return None
