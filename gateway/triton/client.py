@@ -131,6 +131,7 @@ class TritonClient:
         self._no_shm: set[str] = set()  # models whose regions Triton could not open
         self._background: set[asyncio.Task[None]] = set()
         self._closed_pools: set[ShmPool] = set()
+        self._closing = False  # close() began: no new background work (its regions are being destroyed)
 
     # --- health and discovery -------------------------------------------------------
     async def server_live(self) -> bool:
@@ -301,6 +302,9 @@ class TritonClient:
         raise AssertionError("unreachable")
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        if self._closing:  # e.g. a region given back by a call cancelled at close: close() destroys it
+            work.close()
+            return
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -413,6 +417,7 @@ class TritonClient:
     # --- shutdown ---------------------------------------------------------------------
     async def close(self) -> None:
         """Unregister and unlink every region, then close the channel."""
+        self._closing = True
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
