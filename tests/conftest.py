@@ -10,7 +10,12 @@ import pytest
 
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
-from tests.fixtures.tiny_models import write_tiny_classifier, write_tiny_embedder
+from tests.fixtures.tiny_models import (
+    write_tiny_classifier,
+    write_tiny_cross_encoder,
+    write_tiny_embedder,
+    write_tiny_pair_classifier,
+)
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +28,17 @@ def tiny_classifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_embedder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random BERT encoder with a sentence-transformers mean-pooling config."""
     return write_tiny_embedder(tmp_path_factory.mktemp("tiny_embedder"))
+
+
+@pytest.fixture(scope="session")
+def pair_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Pair models (read-only): `ce` a 1-logit cross-encoder, `ce3` one with 3 logits, `nli` a pair classifier."""
+    root = tmp_path_factory.mktemp("pair_models")
+    return {
+        "ce": write_tiny_cross_encoder(root / "ce"),
+        "ce3": write_tiny_cross_encoder(root / "ce3", num_labels=3),
+        "nli": write_tiny_pair_classifier(root / "nli"),
+    }
 
 
 @pytest.fixture(scope="session")

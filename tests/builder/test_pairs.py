@@ -34,8 +34,6 @@ from tests.fixtures.tiny_models import (
     LABELS,
     MAX_POSITIONS,
     NLI_LABELS,
-    write_tiny_cross_encoder,
-    write_tiny_pair_classifier,
 )
 
 SHORT_LEN = 24  # max_seq_len of the `short` models: most pairs below are cut
@@ -51,13 +49,8 @@ PAIRS = [
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("pair_models")
-    return {
-        "ce": write_tiny_cross_encoder(root / "ce"),
-        "ce3": write_tiny_cross_encoder(root / "ce3", num_labels=3),
-        "nli": write_tiny_pair_classifier(root / "nli"),
-    }
+def models(pair_model_dirs: dict[str, Path]) -> dict[str, Path]:
+    return pair_model_dirs
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,6 @@ from builder.spec import load_spec
 from contract import TEXT, TEXT_PAIR, TRUNCATION_PARAMETER
 from devstack.tritonserver import REPO_ROOT
 from tests.fixtures.tiny_models import (
-    write_tiny_cross_encoder,
-    write_tiny_pair_classifier,
     write_tiny_st_embedder,
 )
 
@@ -30,14 +28,10 @@ CPU = {"runtime": "python", "formats": "onnx", "device": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def dirs(pair_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("option_models")
-    return {
-        "ce": write_tiny_cross_encoder(root / "ce"),
-        "ce3": write_tiny_cross_encoder(root / "ce3", num_labels=3),
-        "nli": write_tiny_pair_classifier(root / "nli"),
-        "st": write_tiny_st_embedder(root / "st", prompts={"query": "q: "}, max_seq_length=48),
-    }
+    return {**pair_model_dirs,
+            "st": write_tiny_st_embedder(root / "st", prompts={"query": "q: "}, max_seq_length=48)}
 
 
 def _resolve(model: Path, task: str, **options: Any) -> ResolvedSettings:
