@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"model repository (builder output; default {DEFAULT_REPOSITORY}, as compose)")
     parser.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
     parser.add_argument("--workers", type=int, default=None, help="gateway worker processes")
-    parser.add_argument("--shm", choices=("system", "none"), default=None, help="tensor transport")
+    parser.add_argument("--shm", choices=("system", "cuda", "none"), default=None, help="tensor transport")
     parser.add_argument("--log-dir", type=Path, default=Path(".cache/devstack"), help="log files")
     return parser.parse_args(argv)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import uvicorn
 
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
+from gateway.triton.shm_pool import ShmUnavailable, probe_cuda
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # must be set before prometheus_client is imported
 
@@ -26,9 +29,24 @@ def prepare_metrics_dir(settings: GatewaySettings) -> None:
     os.environ[MULTIPROC_ENV] = str(path)
 
 
+def check_transport(settings: GatewaySettings) -> None:
+    """GATEWAY_SHM=cuda in a process that cannot use the GPU: one clear line and exit 2, before any worker
+    starts (a silent fallback to system memory would hide a mis-deployment)."""
+    if settings.shm != "cuda":
+        return
+    try:
+        probe_cuda(settings.shm_cuda_device)
+    except ShmUnavailable as exc:
+        logging.getLogger("gateway").error(
+            "GATEWAY_SHM=cuda, but %s. Give the gateway the GPU Triton runs on (compose.cuda-shm.yaml), or set "
+            "GATEWAY_SHM=system.", exc)
+        sys.exit(2)
+
+
 def main() -> None:
     settings = GatewaySettings()
     configure_logging(settings.log_level)
+    check_transport(settings)
     prepare_metrics_dir(settings)
     uvicorn.run(
         "gateway.app:app_from_env",

@@ -16,8 +16,14 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore", env_ignore_empty=True)
 
     triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
-    shm: Literal["system", "none"] = Field(
-        "system", description="`system`: tensors through system shared memory; `none`: plain gRPC."
+    shm: Literal["system", "cuda", "none"] = Field(
+        "system", description="`system`: tensors through system shared memory (/dev/shm shared with Triton); "
+        "`cuda`: through CUDA IPC regions on the GPU (the gateway needs the GPU: compose.cuda-shm.yaml; start-up "
+        "fails when this process cannot use it); `none`: plain gRPC.",
+    )
+    shm_cuda_device: int = Field(
+        0, ge=0, description="GATEWAY_SHM=cuda: the GPU (as this process numbers them) that holds the regions; "
+        "Triton's model steps should run on the same GPU.",
     )
     shm_pool_size: int = Field(16, ge=1, le=256, description="Shared-memory regions per model and worker.")
     shm_prefix: str = Field("gateway", pattern=r"^[A-Za-z0-9_]+$", description="Name prefix of the regions.")

@@ -116,14 +116,14 @@ class TritonTarget:
             await self._register(slots, max_batch)
 
     async def _register(self, slots: int, max_batch: int) -> None:
-        from gateway.triton.shm_pool import Region, RegionLayout
+        from gateway.triton.shm_pool import RegionLayout, SystemRegion
 
         prefix = f"lt_{uuid.uuid4().hex[:8]}"
         sizes = {self.spec.input: max_batch * 4096}  # 4 KiB of UTF-8 per text on average; bigger go in-band
         sizes.update({name: max_batch * per for name, (per, _) in self.outputs.items()})
         layout = RegionLayout.of(sizes)
         for _ in range(slots):
-            region = Region(prefix, layout)
+            region = SystemRegion(prefix, layout)
             self.slots.append(region)
             await self.client.register_system_shared_memory(region.name, region.key, layout.byte_size)
 

@@ -5,8 +5,9 @@ twice: as the gRPC deadline (the call is cancelled when it passes) and as Triton
 `timeout`, which the builder's queue policy honours (a request still queued when it expires
 is rejected instead of computed for nobody).
 
-Shared-memory regions live as long as Triton uses them: a region whose call was abandoned is
-unregistered again and again until Triton stops refusing ("in use"), then registered afresh
+Tensors go through shared-memory regions (`GATEWAY_SHM`: system, or CUDA IPC regions on the GPU;
+one pool logic for both, gateway/triton/shm_pool.py). Regions live as long as Triton uses them:
+a region whose call was abandoned is unregistered again and again until Triton stops refusing ("in use"), then registered afresh
 and reused. When Triton restarted (its registrations are gone), a call that names a region
 fails; the first such failure of an epoch registers every region again, concurrent ones
 wait for it, and each retries once. A Triton that cannot open the regions (no shared IPC
@@ -34,7 +35,14 @@ from gateway import tracing
 from gateway.errors import ErrorKind, GatewayError, unavailable
 from gateway.metrics import SHM_RETIRED, TRITON_LATENCY
 from gateway.settings import GatewaySettings
-from gateway.triton.shm_pool import Region, RegionLayout, ShmPool, serialize_texts
+from gateway.triton.shm_pool import (
+    Region,
+    RegionLayout,
+    ShmPool,
+    probe_cuda,
+    region_maker,
+    serialize_texts,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.triton")
@@ -122,6 +130,8 @@ class TritonClient:
     """The gateway's connection to Triton."""
 
     def __init__(self, settings: GatewaySettings) -> None:
+        if settings.shm == "cuda":  # fails start-up (ShmUnavailable) when this process cannot use the GPU
+            log.info("CUDA shared memory on %s", probe_cuda(settings.shm_cuda_device))
         self.settings = settings
         self.timeout = settings.triton_timeout_s
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
@@ -132,6 +142,8 @@ class TritonClient:
         self._background: set[asyncio.Task[None]] = set()
         self._closed_pools: set[ShmPool] = set()
         self._closing = False  # close() began: no new background work (its regions are being destroyed)
+        self._new_region = region_maker("cuda" if settings.shm == "cuda" else "system", settings.shm_prefix,
+                                        settings.shm_cuda_device)
 
     # --- health and discovery -------------------------------------------------------
     async def server_live(self) -> bool:
@@ -197,7 +209,7 @@ class TritonClient:
         current = self.pools.get(triton_model)
         if current is not None and current.layout == layout:
             return
-        pool = ShmPool(self.settings.shm_prefix, layout, regions)
+        pool = ShmPool(self._new_region, layout, regions)
         pool.on_abandoned = lambda region: self._spawn(self._retire(pool, region))
         pool.on_return_after_close = lambda region: self._spawn(self._unregister_and_destroy(pool, [region]))
         try:
@@ -209,9 +221,10 @@ class TritonClient:
             if translate_error(exc).kind is ErrorKind.UNAVAILABLE:
                 raise translate_error(exc) from None
             self._no_shm.add(triton_model)
-            log.warning("%s: Triton cannot use this worker's shared memory (%s); its tensors go over plain gRPC "
-                        "(do Triton and the gateway share /dev/shm, e.g. compose `ipc: service:triton`?)",
-                        triton_model, exc.message())
+            hint = ("do they share the GPU and IPC namespace (compose.cuda-shm.yaml)?" if self.settings.shm == "cuda"
+                    else "do Triton and the gateway share /dev/shm, e.g. compose `ipc: service:triton`?")
+            log.warning("%s: Triton cannot use this worker's %s shared memory (%s); its tensors go over plain gRPC "
+                        "(%s)", triton_model, self.settings.shm, exc.message(), hint)
             return
         self.pools[triton_model] = pool
         if current is not None:
@@ -226,12 +239,10 @@ class TritonClient:
 
     async def _register(self, region: Region) -> None:
         try:
-            await self.grpc.unregister_system_shared_memory(region.name, client_timeout=self.timeout)
+            await region.unregister(self.grpc, self.timeout)
         except InferenceServerException:
             pass  # not registered: fine
-        await self.grpc.register_system_shared_memory(
-            region.name, region.key, region.layout.byte_size, client_timeout=self.timeout
-        )
+        await region.register(self.grpc, self.timeout)
 
     def _close_pool(self, pool: ShmPool) -> None:
         free = pool.close()
@@ -243,7 +254,7 @@ class TritonClient:
     async def _unregister_and_destroy(self, pool: ShmPool, regions: list[Region]) -> None:
         for region in regions:
             try:
-                await self.grpc.unregister_system_shared_memory(region.name, client_timeout=2.0)
+                await region.unregister(self.grpc, 2.0)
             except InferenceServerException:
                 pass
         pool.destroy(regions)
@@ -257,7 +268,7 @@ class TritonClient:
         wait = _RETIRE_POLL_S[0]
         while True:
             try:
-                await self.grpc.unregister_system_shared_memory(region.name, client_timeout=self.timeout)
+                await region.unregister(self.grpc, self.timeout)
                 break
             except InferenceServerException as exc:
                 if not _in_use(exc):  # Triton gone or restarted: nobody holds the region any more
@@ -266,9 +277,7 @@ class TritonClient:
             wait = min(wait * 2, _RETIRE_POLL_S[1])
         try:
             if not pool.closed:
-                await self.grpc.register_system_shared_memory(
-                    region.name, region.key, region.layout.byte_size, client_timeout=self.timeout
-                )
+                await region.register(self.grpc, self.timeout)
         except InferenceServerException:
             pass  # registered by a concurrent re-registration, or Triton is down: the next call finds out
         SHM_RETIRED.dec()

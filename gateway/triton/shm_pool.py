@@ -1,12 +1,19 @@
-"""A pool of system shared-memory regions, registered with Triton once and leased per call.
+"""Pools of shared-memory regions, registered with Triton once and leased per call.
 
 Each region carries the tensors of one call at fixed offsets (a `RegionLayout`): for an
 ensemble `[ text input | model output | num_tokens ]`, for a model step
 `[ input_ids | attention_mask | token_type_ids | model output ]`. A call needs no region creation
 and no (un)registration on the hot path: the gateway writes the inputs at their offsets, Triton
 writes the outputs at theirs, the gateway copies them out and returns the region to the pool.
-Regions are POSIX shm objects `/dev/shm/<prefix>_<pid>_<n>` (tritonclient.utils.shared_memory);
-the pid keeps several workers apart. `close()` unregisters them from Triton and unlinks them.
+
+Two kinds of region, one pool (`GATEWAY_SHM`):
+- `system` (`SystemRegion`): POSIX shm objects `/dev/shm/<prefix>_<pid>_<n>`
+  (tritonclient.utils.shared_memory); the pid keeps several workers apart.
+- `cuda` (`CudaRegion`): device memory of one GPU exported as a CUDA IPC handle
+  (tritonclient.utils.cuda_shared_memory), registered with Triton's cuda_shared_memory
+  extension; Triton reads and writes the tensors on the GPU, the gateway copies its host arrays
+  in and out with cudaMemcpy. `probe_cuda` fails start-up when this process cannot use the GPU.
+`close()` unregisters the regions from Triton and frees them.
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ import asyncio
 import itertools
 import logging
 import os
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from multiprocessing import shared_memory as mpshm
+from typing import Any, Literal
 
 import numpy as np
 import tritonclient.utils.shared_memory as shm
@@ -29,6 +38,8 @@ from gateway.metrics import SHM_IN_USE, SHM_REGIONS
 log = logging.getLogger("gateway.shm")
 _ALIGN = 64
 _counter = itertools.count()
+
+Transport = Literal["system", "cuda"]
 
 
 def _align(n: int) -> int:
@@ -62,13 +73,55 @@ class RegionLayout:
         return all(name in self.slots and size <= self.slots[name][1] for name, size in sizes.items())
 
 
-class Region:
-    """One registered region: its Triton name, its shm key and a handle to its memory."""
+class ShmUnavailable(RuntimeError):
+    """This process cannot make regions of the configured kind (e.g. GATEWAY_SHM=cuda without a GPU)."""
+
+
+class Region(ABC):
+    """One region of a pool: its name in Triton, its memory, and how Triton registers it."""
+
+    def __init__(self, name: str, layout: RegionLayout) -> None:
+        self.name = name
+        self.layout = layout
+
+    def _slot(self, name: str, nbytes: int) -> int:
+        """Offset of slot `name`, after checking that `nbytes` fit it."""
+        offset, size = self.layout.slots[name]
+        if nbytes > size:
+            raise ValueError(f"{nbytes} bytes do not fit slot {name!r} of {size}")
+        return offset
+
+    @abstractmethod
+    def write(self, name: str, data: bytes | np.ndarray) -> int:
+        """Copy `data` into slot `name`; returns its byte size."""
+
+    @abstractmethod
+    def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        """A copy of slot `name` as a host array of `shape`."""
+
+    @abstractmethod
+    def destroy(self) -> None:
+        """Free the memory (after unregistering it from Triton)."""
+
+    @abstractmethod
+    async def register(self, grpc: Any, timeout: float) -> None:
+        """Register the region with Triton (`grpc`: a tritonclient.grpc.aio client)."""
+
+    @abstractmethod
+    async def unregister(self, grpc: Any, timeout: float) -> None:
+        """Unregister it; Triton refuses ("in use") while a request holds it."""
+
+
+def _host_bytes(data: bytes | np.ndarray) -> memoryview:
+    return memoryview(data) if isinstance(data, bytes) else np.ascontiguousarray(data).data.cast("B")
+
+
+class SystemRegion(Region):
+    """A POSIX shm object `/dev/shm/<prefix>_<pid>_<n>`."""
 
     def __init__(self, prefix: str, layout: RegionLayout) -> None:
-        self.name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+        super().__init__(f"{prefix}_{os.getpid()}_{next(_counter)}", layout)
         self.key = "/" + self.name
-        self.layout = layout
         try:
             self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
         except shm.SharedMemoryException as exc:
@@ -88,27 +141,116 @@ class Region:
         return self.handle._mpsm_handle.buf  # noqa: SLF001 - tritonclient exposes no public accessor
 
     def write(self, name: str, data: bytes | np.ndarray) -> int:
-        """Copy `data` into slot `name`; returns its byte size."""
-        offset, size = self.layout.slots[name]
-        raw = data if isinstance(data, bytes) else np.ascontiguousarray(data).data.cast("B")
-        if len(raw) > size:
-            raise ValueError(f"{len(raw)} bytes do not fit slot {name!r} of {size}")
+        raw = _host_bytes(data)
+        offset = self._slot(name, len(raw))
         self.buffer[offset : offset + len(raw)] = raw
         return len(raw)
 
     def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-        """A copy of slot `name` as an array of `shape`."""
         count = int(np.prod(shape))
-        if count * np.dtype(dtype).itemsize > self.layout.size(name):
-            raise ValueError(f"{shape} {np.dtype(dtype)} does not fit slot {name!r} of {self.layout.size(name)}")
-        return np.frombuffer(self.buffer, dtype, count, self.layout.offset(name)).reshape(shape).copy()
+        offset = self._slot(name, count * np.dtype(dtype).itemsize)
+        return np.frombuffer(self.buffer, dtype, count, offset).reshape(shape).copy()
 
     def destroy(self) -> None:
         shm.destroy_shared_memory_region(self.handle)
 
+    async def register(self, grpc: Any, timeout: float) -> None:
+        await grpc.register_system_shared_memory(self.name, self.key, self.layout.byte_size, client_timeout=timeout)
+
+    async def unregister(self, grpc: Any, timeout: float) -> None:
+        await grpc.unregister_system_shared_memory(self.name, client_timeout=timeout)
+
+
+def _cuda() -> tuple[Any, Any]:
+    """tritonclient's CUDA shared-memory module and cuda-bindings' runtime, or ShmUnavailable."""
+    try:
+        import cuda.bindings.runtime as cudart
+        import tritonclient.utils.cuda_shared_memory as cudashm
+    except (ImportError, RuntimeError) as exc:
+        raise ShmUnavailable(f"the CUDA shared-memory utilities cannot be imported ({exc}); "
+                             "install cuda-bindings (it is in requirements/gateway.txt)") from None
+    return cudashm, cudart
+
+
+def _check(cudart: Any, result: tuple[Any, ...], what: str) -> Any:
+    err = result[0]
+    if err != cudart.cudaError_t.cudaSuccess:
+        message = cudart.cudaGetErrorString(err)[1].decode(errors="replace")
+        raise ShmUnavailable(f"{what}: {message} ({err.name})")
+    return result[1] if len(result) > 1 else None
+
+
+def probe_cuda(device: int) -> str:
+    """The GPU `device` as this process sees it (e.g. "NVIDIA H100 80GB HBM3 (device 0)"), or
+    ShmUnavailable saying why CUDA regions cannot be made here (no package, no driver, no GPU)."""
+    _, cudart = _cuda()
+    count = _check(cudart, cudart.cudaGetDeviceCount(), "CUDA is not usable in this process")
+    if not 0 <= device < count:
+        raise ShmUnavailable(f"GPU {device} was asked for, but this process sees {count} GPU(s)")
+    props = _check(cudart, cudart.cudaGetDeviceProperties(device), f"cannot read GPU {device}")
+    return f"{props.name.decode(errors='replace').strip(chr(0))} (device {device})"
+
+
+class CudaRegion(Region):
+    """Device memory on GPU `device`, shared with Triton through a CUDA IPC handle."""
+
+    def __init__(self, prefix: str, layout: RegionLayout, device: int) -> None:
+        cudashm, self._cudart = _cuda()
+        super().__init__(f"{prefix}_cuda_{os.getpid()}_{next(_counter)}", layout)
+        self.device = device
+        self.handle = cudashm.create_shared_memory_region(self.name, layout.byte_size, device)
+        self.raw_handle = cudashm.get_raw_handle(self.handle)
+        self._base = int(self.handle._base_addr)  # noqa: SLF001 - the device pointer; no public accessor
+        _check(self._cudart, self._cudart.cudaSetDevice(device), f"cannot use GPU {device}")
+
+    def _copy(self, dst: int, src: int, nbytes: int, kind: Any) -> None:
+        rt = self._cudart
+        _check(rt, rt.cudaMemcpy(dst, src, nbytes, kind), "cudaMemcpy failed")
+        # A copy from pageable host memory may return before its DMA is done: Triton must see all of it.
+        _check(rt, rt.cudaStreamSynchronize(0), "cudaStreamSynchronize failed")
+
+    def write(self, name: str, data: bytes | np.ndarray) -> int:
+        host = np.frombuffer(_host_bytes(data), np.uint8)
+        offset = self._slot(name, host.nbytes)
+        if host.nbytes:
+            self._copy(self._base + offset, host.ctypes.data, host.nbytes,
+                       self._cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
+        return host.nbytes
+
+    def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        offset = self._slot(name, out.nbytes)
+        if out.nbytes:
+            self._copy(out.ctypes.data, self._base + offset, out.nbytes,
+                       self._cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+        return out
+
+    def destroy(self) -> None:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+
+        cudashm.destroy_shared_memory_region(self.handle)  # the device memory is freed with the handle
+        del self.handle
+
+    async def register(self, grpc: Any, timeout: float) -> None:
+        await grpc.register_cuda_shared_memory(self.name, self.raw_handle, self.device, self.layout.byte_size,
+                                               client_timeout=timeout)
+
+    async def unregister(self, grpc: Any, timeout: float) -> None:
+        await grpc.unregister_cuda_shared_memory(self.name, client_timeout=timeout)
+
+
+RegionMaker = Callable[[RegionLayout], Region]
+
+
+def region_maker(transport: Transport, prefix: str, device: int = 0) -> RegionMaker:
+    """How a pool of `transport` ("system" or "cuda" on GPU `device`) makes its regions."""
+    if transport == "cuda":
+        return lambda layout: CudaRegion(prefix, layout, device)
+    return lambda layout: SystemRegion(prefix, layout)
+
 
 class ShmPool:
-    """Fixed set of regions for one Triton model; `lease()` borrows a free one or gives None.
+    """Fixed set of regions (system or CUDA) for one Triton model; `lease()` borrows a free one or gives None.
 
     Never waiting for a region matters for throughput: a worker whose regions are all busy
     sends the call as plain gRPC tensors instead of queueing behind the pool (waiting
@@ -120,12 +262,12 @@ class ShmPool:
     holds the region, then registers it again) and comes back through `give_back`.
     """
 
-    def __init__(self, prefix: str, layout: RegionLayout, size: int) -> None:
+    def __init__(self, new_region: RegionMaker, layout: RegionLayout, size: int) -> None:
         self.layout = layout
         self.regions: list[Region] = []
         try:
             for _ in range(size):
-                self.regions.append(Region(prefix, layout))
+                self.regions.append(new_region(layout))
         except BaseException:
             for region in self.regions:  # no half-made pool left in /dev/shm
                 region.destroy()
@@ -157,7 +299,7 @@ class ShmPool:
         self.give_back(region)
 
     def give_back(self, region: Region) -> None:
-        """Return a region to the free list (or unlink it, once the pool is closed)."""
+        """Return a region to the free list (or free it, once the pool is closed)."""
         if self.closed:
             self.on_return_after_close(region)
         else:
@@ -169,14 +311,14 @@ class ShmPool:
         return len(self._free)
 
     def close(self) -> list[Region]:
-        """Stop leasing; unlink the free regions now (those still out are unlinked on return).
+        """Stop leasing; release the idle regions now (those still leased are released on return).
         Returns the free regions, for the caller to unregister from Triton first."""
         self.closed = True
         free, self._free = self._free, []
         return free
 
     def destroy(self, regions: list[Region]) -> None:
-        """Unmap and unlink `regions` (after unregistering them from Triton)."""
+        """Free `regions` (after unregistering them from Triton)."""
         for region in regions:
             self._destroy(region)
 
@@ -185,8 +327,8 @@ class ShmPool:
             return
         try:
             region.destroy()
-        except Exception:  # noqa: BLE001 - keep unlinking the others
-            log.warning("could not unlink shm region %s", region.key)
+        except Exception:  # noqa: BLE001 - keep freeing the others
+            log.warning("could not free shm region %s", region.name)
         SHM_REGIONS.dec()
         self.regions.remove(region)
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Here (not on the GPU host): make what the GPU host lacks, in parts that each fit one device call
 # (a call carries at most 64 MiB with the working tree; see README.md). Idempotent.
-#   .gpu/a  onnxruntime-gpu 1.31.1 (CUDA provider pruned to sm_90) + pydantic   call 1: model_step
-#   .gpu/b  tritonserver (PyPI wheel binary) + gateway/builder/loadtest wheels  call 2: bench7
-#           + numpy 1.26.4 for the python-backend stub
+#   .gpu/b  tritonserver (PyPI wheel binary) + gateway/builder/loadtest wheels  call 1 (setup only)
+#           (pydantic too) + numpy 1.26.4 for the python-backend stub
+#   .gpu/a  onnxruntime-gpu 1.31.1 (CUDA provider pruned to sm_90)              call 2: the benchmark
+#           (a is 61 MB: with the 3.5 MB working tree, nothing else fits beside it)
 #   .gpu/c  infinity-emb 0.0.78, the versions it pins, its server's packages    call 3: infinity-emb
 #           and numpy 1.26.4 (a call of its own: it needs nothing of a or b)
 set -euo pipefail
@@ -26,10 +27,10 @@ if [ ! -f "$out/a/ort-sm90.tar.xz" ]; then
   python3 loadtest/device/prune_fatbin.py "$tmp/ort/onnxruntime/capi/libonnxruntime_providers_cuda.so" --keep 90
   tar -C "$tmp/ort" -c onnxruntime onnxruntime_gpu-1.31.1.dist-info | xz -9 -T0 > "$out/a/ort-sm90.tar.xz"
 fi
-download "$out/a/whl" pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.7.0 typing-inspection==0.4.5
+download "$out/b/whl" pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.7.0 typing-inspection==0.4.5
 download "$out/b/whl" fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 pydantic-settings==2.16.3 \
   python-dotenv==1.2.4 orjson==3.13.0 tritonclient==2.73.0 python-rapidjson==1.25 opentelemetry-api==1.45.2 \
-  py-spy==0.4.3 numpy==1.26.4
+  py-spy==0.4.3 numpy==1.26.4 swagger-ui-bundle==1.1.0 sniffio==1.3.1
 if [ ! -f "$out/b/tritonserver.tar.xz" ]; then
   home=$(PYTHON=${PYTHON:-.venv/bin/python} scripts/fetch-tritonserver | tail -1)
   base=$(dirname "$(dirname "$home")")  # keep the wheel's layout: pytriton/tritonserver beside nvidia_pytriton.libs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +15,16 @@ from gateway.api.schemas import ClassifyRequest, OpenAIEmbeddingRequest
 from gateway.service.classify import softmax
 from gateway.service.embed import l2_normalize
 from gateway.settings import GatewaySettings
-from gateway.triton.shm_pool import Region, RegionLayout, ShmPool, serialize_texts
+from gateway.triton.shm_pool import (
+    Region,
+    RegionLayout,
+    ShmPool,
+    region_maker,
+    serialize_texts,
+)
 from tests.gateway.conftest import shm_segments
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,7 +33,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_WORKERS", "4")
     s = GatewaySettings()
     assert s.api_keys == ["k1", "k2"] and s.shm == "none" and s.workers == 4
-    monkeypatch.setenv("GATEWAY_SHM", "cuda")
+    monkeypatch.setenv("GATEWAY_SHM", "gpu")
     with pytest.raises(ValidationError):
         GatewaySettings()
 
@@ -67,7 +76,7 @@ def test_layout_is_aligned_and_disjoint() -> None:
 @pytest.mark.anyio
 async def test_pool_leases_never_waits_holds_back_abandoned_regions_and_unlinks() -> None:
     prefix = "gwunitpool"
-    pool = ShmPool(prefix, RegionLayout.of({"text": 64, "logits": 16, "num_tokens": 8}), size=2)
+    pool = ShmPool(region_maker("system", prefix), RegionLayout.of({"text": 64, "logits": 16, "num_tokens": 8}), size=2)
     abandoned: list[Region] = []
     pool.on_abandoned = abandoned.append  # the client unregisters it until Triton lets go, then gives it back
     assert len(shm_segments(prefix)) == 2
@@ -105,7 +114,7 @@ def test_stale_segment_of_a_crashed_gateway_is_replaced() -> None:
     before = next(shm_pool._counter)
     stale = shared_memory.SharedMemory(f"{prefix}_{os.getpid()}_{before + 1}", create=True, size=8)
     try:
-        pool = ShmPool(prefix, layout, size=1)
+        pool = ShmPool(region_maker("system", prefix), layout, size=1)
         assert pool.regions[0].name == stale.name
         assert len(pool.regions[0].buffer) >= layout.byte_size  # a new, full-size segment
         pool.destroy(list(pool.regions))
@@ -116,7 +125,6 @@ def test_stale_segment_of_a_crashed_gateway_is_replaced() -> None:
 
 def test_env_example_lists_every_setting_with_its_default() -> None:
     import re
-    from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / ".env.example").read_text()
     section = text.split("# --- gateway ---", 1)[1]
@@ -128,3 +136,55 @@ def test_env_example_lists_every_setting_with_its_default() -> None:
         shown = ",".join(value) if isinstance(value, list) else "" if value is None else str(value)
         shown = shown.lower() if isinstance(value, bool) else shown
         assert listed[name.upper()] == shown, name
+
+
+def test_shm_transport_selects_the_region_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.triton import shm_pool
+
+    made: list[tuple[str, int]] = []
+
+    class Recorded:
+        def __init__(self, prefix: str, layout: RegionLayout, device: int) -> None:
+            made.append((prefix, device))
+
+    monkeypatch.setattr(shm_pool, "CudaRegion", Recorded)
+    layout = RegionLayout.of({"text": 64})
+    assert isinstance(region_maker("cuda", "gwsel", 3)(layout), Recorded) and made == [("gwsel", 3)]
+    system = region_maker("system", "gwunitsel")(layout)
+    try:
+        assert isinstance(system, shm_pool.SystemRegion) and made == [("gwsel", 3)]
+    finally:
+        system.destroy()
+    assert GatewaySettings(shm="cuda").shm == "cuda"
+    with pytest.raises(ValueError):
+        GatewaySettings(shm="gpu")
+
+
+def test_cuda_transport_without_the_cuda_package_names_the_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from gateway.triton.shm_pool import ShmUnavailable, probe_cuda
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", None)  # as if cuda-bindings were not installed
+    monkeypatch.setitem(sys.modules, "tritonclient.utils.cuda_shared_memory", None)
+    with pytest.raises(ShmUnavailable, match="cannot be imported .*install cuda-bindings"):
+        probe_cuda(0)
+
+
+def test_cuda_transport_without_a_usable_gpu_fails_start_up_with_the_reason() -> None:
+    """A real gateway process with GATEWAY_SHM=cuda that sees no GPU (none here; hidden where there is one):
+    exit 2 with one line naming the cause and the way out, no worker started, no fallback."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GATEWAY_SHM": "cuda", "CUDA_VISIBLE_DEVICES": "", "GATEWAY_PORT": "1"}
+    done = subprocess.run([sys.executable, "-m", "gateway"], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert "GATEWAY_SHM=cuda, but CUDA is not usable in this process" in done.stderr
+    assert "compose.cuda-shm.yaml" in done.stderr and "GATEWAY_SHM=system" in done.stderr
+    assert "Uvicorn running" not in done.stderr and "Started server process" not in done.stderr
+    # the same check guards the client itself (an app made by create_app in another server, tests)
+    code = "from gateway.settings import GatewaySettings as S; from gateway.triton.client import TritonClient as T; T(S())"
+    client = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert client.returncode == 1 and "ShmUnavailable: CUDA is not usable in this process" in client.stderr

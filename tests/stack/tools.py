@@ -12,6 +12,7 @@ COMPOSE_FILES = {
     "gpu": ("compose.yaml",),
     "cpu": ("compose.yaml", "compose.cpu.yaml"),
     "local": ("compose.yaml", "compose.cpu.yaml", "compose.local.yaml"),
+    "cuda-shm": ("compose.yaml", "compose.cuda-shm.yaml"),
 }
 
 
