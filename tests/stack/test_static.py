@@ -202,3 +202,15 @@ def test_models_spec_resolves_for_gpu_and_cpu() -> None:
     cpu = load_spec(spec, {"MODEL_DEVICE": "cpu", "MODEL_FORMATS": "onnx", "EMBED_MODEL": "/local/emb"})
     assert all(s.device == "cpu" and s.formats == ["onnx"] for s in cpu)
     assert cpu[1].model == "/local/emb"
+
+
+def test_cuda_shm_override_gives_the_gateway_tritons_gpu_and_namespaces() -> None:
+    services = compose_config("cuda-shm", ENV_EXAMPLE)["services"]
+    gateway, triton = services["gateway"], services["triton"]
+    assert gateway["environment"]["GATEWAY_SHM"] == "cuda"
+    (device,) = gpu_devices(gateway)  # CUDA IPC works within one GPU: the one Triton has
+    assert device == gpu_devices(triton)[0] and device["capabilities"] == ["gpu"]
+    # IPC namespace for the handles, PID namespace so that exporter and importer PIDs differ
+    assert gateway["ipc"] == "service:triton" and gateway["pid"] == "service:triton"
+    plain = compose_config("gpu", ENV_EXAMPLE)["services"]["gateway"]
+    assert plain["environment"]["GATEWAY_SHM"] == "system" and not gpu_devices(plain) and "pid" not in plain
