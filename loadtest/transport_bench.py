@@ -8,11 +8,13 @@ Three gateways (one worker each, scheduler pipeline) differ only in GATEWAY_SHM.
 1. records Triton's extensions (`cuda_shared_memory` must be among them for `cuda`) and the runner's
    providers from Triton's log (the model step on the GPU);
 2. checks that `/embed` answers agree: 1 text and 64 texts of the corpus through each transport,
-   compared with `system` (max abs difference, and whether bit-identical);
+   compared with `system` (max abs difference, and whether bit-identical), next to `system` asked
+   again (the model's own run-to-run difference);
 3. proves each gateway used its transport: Triton's CUDA / system region status lists its regions,
    and the gateway's `gateway_triton_request_duration_seconds` counts calls by transport;
 4. measures, in `--rounds` interleaved rounds (the transport order rotates each round), 1-text and
-   64-text `/embed` requests at c=1 (latency) and at higher concurrency (throughput).
+   64-text `/embed` requests at c=1 (latency) and at higher concurrency (throughput), and 256-text
+   requests (the most tensor bytes per call).
 A transport this machine cannot use (`cuda` without a GPU) is left out with the reason in the notes.
 Results: loadtest/results/<name>-12-transports/ (results.json, summary.md).
 """
@@ -47,6 +49,7 @@ STEPS = (  # (label, texts per request, concurrency)
     ("64 texts c=1", 64, 1),
     ("1 text c=32", 1, 32),
     ("64 texts c=4", 64, 4),
+    ("256 texts c=1", 256, 1),
 )
 
 
@@ -165,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             gateway.start()
         try:
             answers = {t: {k: embed(g.url, texts) for k, texts in samples.items()} for t, g in gateways.items()}
+            # the same transport asked again: how far apart two runs of the model itself are (GPU kernels
+            # need not be bit-reproducible), the yardstick for the differences between transports
+            answers["system, asked again"] = {k: embed(gateways["system"].url, texts) for k, texts in samples.items()}
             checks["agreement with system"] = agreement(answers)
             checks["regions registered in Triton"] = registered_regions(triton.grpc_url)
             checks["gateway calls by transport (after the agreement check)"] = {

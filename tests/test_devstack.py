@@ -217,5 +217,5 @@ def test_compose_gateway_gets_exactly_the_gateway_settings(tmp_path: Path) -> No
         assert not {"secret", "pw", "x"} & set(env.values()), f"{variant}: a secret of .env reached the gateway"
         assert env["GATEWAY_API_KEYS"] == "k1,k2"  # .env's GATEWAY_* lines still configure it
         assert env["GATEWAY_TRITON_URL"] == "triton:8001" and env["GATEWAY_REPOSITORY"] == "/model_repository/models"
-        assert env["GATEWAY_SHM"] == "system" and env["GATEWAY_MAX_INPUTS"] == ""  # empty = the setting's default
+        assert env["GATEWAY_SHM"] == ("cuda" if variant == "cuda-shm" else "system") and env["GATEWAY_MAX_INPUTS"] == ""  # empty = the setting's default
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318" and env["OTEL_TRACES_EXPORTER"] == ""

@@ -32,7 +32,9 @@ for part in a b; do
     install /tmp/site $(ls "$root/$part"/whl/*.whl | grep -v -e /numpy- -e /py_spy-)
   fi
 done
-numpy1=$(ls "$root"/*/whl/numpy-1.*.whl 2>/dev/null | head -1 || true)
+# numpy 1 travels in b; kept in /tmp so that a later call carrying only a can still make the stub's venv
+mkdir -p /tmp/lt-keep && cp -n "$root"/*/whl/numpy-1.*.whl /tmp/lt-keep/ 2>/dev/null || true
+numpy1=$(ls /tmp/lt-keep/numpy-1.*.whl 2>/dev/null | head -1 || true)
 if [ -f "$root/b/tritonserver.tar.xz" ] && [ ! -x /tmp/ts/pytriton/tritonserver/bin/tritonserver ]; then
   mkdir -p /tmp/ts && xz -T0 -dc "$root/b/tritonserver.tar.xz" | tar -C /tmp/ts -x
   cp /tmp/ts/pytriton/tritonserver/python_backend_stubs/$pyver/triton_python_backend_stub \
