@@ -32,7 +32,6 @@ from builder.manifest import (
 from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
 from builder.parity import ParityResult, compare, parity_inputs, torch_reference
 from builder.publish import publish, staging_directory
-from builder.versions import next_version, stage_version
 from builder.settings import (
     BuildRequest,
     Format,
@@ -52,11 +51,13 @@ from builder.source import (
     read_sentence_transformers,
     resolve_source,
 )
+from builder.versions import next_version, stage_version
 from contract import (
     BATCHING_MODULE,
     LABELS_FILE,
     TOKENIZATION_MODULE,
     TOKENIZER_FILE,
+    OnnxAccelerator,
     entry_names,
 )
 from contract.batching import default_rows, default_widths
@@ -239,8 +240,14 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     preferred = request.preferred_batch_sizes or default_preferred_batch_sizes(request.max_batch_size)
     if any(p <= 0 or p > request.max_batch_size for p in preferred):
         raise BuildError(f"{request.name}: preferred batch sizes must be within 1..{request.max_batch_size}")
-    precision = request.onnx_precision or ("fp16" if request.device == "gpu" and request.onnx_optimize else "fp32")
     gpu = request.device == "gpu"
+    accelerator = resolve_accelerator(request)
+    # TensorRT parses the plain fp32 export and picks fp16 kernels itself (precision_mode FP16); the
+    # optimizer's fused com.microsoft ops are no TensorRT layers and would split its graph (builder/accelerators.py).
+    onnx_optimize = request.onnx_optimize
+    if onnx_optimize is None:
+        onnx_optimize = accelerator != "tensorrt" or request.onnx_precision == "fp16"
+    precision = request.onnx_precision or ("fp16" if gpu and onnx_optimize and accelerator != "tensorrt" else "fp32")
     widths = sorted(set(request.batch_widths)) if request.batch_widths is not None else (
         list(default_widths(max_seq_len)) if gpu else [])
     rows = sorted(set(request.batch_rows)) if request.batch_rows is not None else (
@@ -260,15 +267,23 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
         queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,
         tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
-        onnx_optimize=request.onnx_optimize, onnx_precision=precision, max_batch_tokens=request.max_batch_tokens,
+        onnx_optimize=onnx_optimize, onnx_precision=precision, max_batch_tokens=request.max_batch_tokens,
         batch_widths=widths, batch_rows=rows,
         merge_buckets=merge_buckets,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
         pairs=task_settings.pairs, normalize=task_settings.normalize, prompts=task_settings.prompts,
         default_prompt_name=task_settings.default_prompt_name, matryoshka_dims=task_settings.matryoshka_dims,
-        score_label=task_settings.score_label, warmup=request.warmup,
+        score_label=task_settings.score_label, warmup=request.warmup, onnx_accelerator=accelerator,
+        onnx_trt_cache=request.onnx_trt_cache if accelerator == "tensorrt" else "",
     )
+
+
+def resolve_accelerator(request: BuildRequest) -> OnnxAccelerator:
+    """--onnx-accelerator, default cuda for a native GPU build, else none (check_options refuses the rest)."""
+    if request.onnx_accelerator is not None:
+        return request.onnx_accelerator
+    return "cuda" if request.device == "gpu" and request.runtime == "native" else "none"
 
 
 def plan(request: BuildRequest, notices: list[str]) -> PlannedBuild:
@@ -383,7 +398,8 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         results.append(compare(artifact, s.task, reference, outputs, s.max_seq_len))
         if not s.skip_parity:
             _check(results[-1], planned, log)
-        configs.write_step_config(onnx_dir, configs.onnx_config(s, width, facts.precision), s, warmup_ids)
+        configs.write_step_config(onnx_dir, configs.onnx_config(s, width, facts.precision, planned.fingerprint), s,
+                                  warmup_ids)
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
             _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")

@@ -57,9 +57,19 @@ def check_options(request: BuildRequest) -> None:
     if request.merge_buckets and request.runtime != "python":
         raise UsageError(f"{request.name}: --merge-buckets needs --runtime python "
                          "(the native backends batch equal shapes only)")
-    if request.onnx_precision == "fp16" and not request.onnx_optimize:
+    if request.onnx_precision == "fp16" and request.onnx_optimize is False:
         raise UsageError(f"{request.name}: --onnx-precision fp16 converts the optimized graph; it needs the "
                          "optimizer (drop --no-onnx-optimize or use --onnx-precision fp32)")
+    accelerator = request.onnx_accelerator
+    if accelerator not in (None, "none"):
+        if request.device != "gpu":
+            raise UsageError(f"{request.name}: --onnx-accelerator {accelerator} needs --device gpu (ONNX Runtime's "
+                             f"{'TensorRT' if accelerator == 'tensorrt' else 'CUDA'} provider runs on GPUs; a CPU "
+                             "build takes none)")
+        if request.runtime != "native":
+            raise UsageError(f"{request.name}: --onnx-accelerator {accelerator} needs --runtime native (Triton's "
+                             "onnxruntime backend reads it; the python runner opens its own onnxruntime session "
+                             "and takes none)")
 
 
 def check_names(requests: list[BuildRequest]) -> None:

@@ -14,7 +14,7 @@ from builder.checks import check_requests
 from builder.errors import BuildError, UsageError
 from builder.settings import BuildRequest, Device, Format, Pooling, Precision, Runtime
 from builder.spec import format_validation_error, load_spec
-from contract import TASKS
+from contract import TASKS, OnnxAccelerator
 
 
 def _choices(literal: Any) -> list[str]:
@@ -58,6 +58,14 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "opset": {"type": int, "help": "ONNX opset (default 17)"},
     "onnx_precision": {"choices": _choices(Precision),
                        "help": "precision of the published model.onnx (default fp16 with --device gpu, else fp32)"},
+    "onnx_accelerator": {"choices": _choices(OnnxAccelerator),
+                         "help": "how Triton's onnxruntime backend runs the onnx step: tensorrt (ONNX Runtime's TensorRT "
+                                 "provider: engines compiled at load, cached in --onnx-trt-cache), cuda (CUDA provider "
+                                 "with tuned options) or none (default cuda with --device gpu --runtime native, else "
+                                 "none, the only choice there)"},
+    "onnx_trt_cache": {"metavar": "DIR",
+                       "help": "--onnx-accelerator tensorrt: engine cache directory inside the Triton container, on a "
+                               "writable volume (default /cache/ort-trt, compose volume ort_trt_cache)"},
     "max_batch_tokens": {"type": int, "help": "python runtime: token budget of one onnxruntime call (default 16384)"},
     "batch_widths": {"help": "comma list of padded widths the model step's batches take, ending with max-seq-len "
                      "(default with --device gpu: 8..64 by 8, ..128 by 16, ..256 by 32, ..512 by 64; none on CPU)"},

@@ -11,6 +11,7 @@ import orjson
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builder.accelerators import add_accelerator
 from builder.settings import Format, ResolvedSettings, effective_buckets
 from builder.versions import set_policy
 from contract import (
@@ -102,8 +103,11 @@ def _step_io(config: mc.ModelConfig, settings: ResolvedSettings, width: int) -> 
         config.parameters[Param.BATCH_ROWS].string_value = ",".join(map(str, settings.batch_rows))
 
 
-def onnx_config(settings: ResolvedSettings, width: int, precision: str) -> mc.ModelConfig:
-    """The ONNX step: onnxruntime backend (native) or the python-backend onnxruntime runner."""
+def onnx_config(settings: ResolvedSettings, width: int, precision: str, build_id: str = "") -> mc.ModelConfig:
+    """The ONNX step: onnxruntime backend (native) or the python-backend onnxruntime runner.
+
+    A native GPU build also gets its execution accelerator (builder/accelerators.py; `build_id`, the build
+    fingerprint, names the TensorRT provider's cached engines)."""
     name = step_model(settings.name, "onnx")
     if settings.runtime == "native":
         config = mc.ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=settings.max_batch_size)
@@ -122,6 +126,7 @@ def onnx_config(settings: ResolvedSettings, width: int, precision: str) -> mc.Mo
     if settings.merge_buckets:  # the runner sorts the merged rows by length and pads sub-batches itself
         for tensor in config.input:
             tensor.allow_ragged_batch = True
+    add_accelerator(config, settings, build_id)
     return config
 
 
@@ -175,6 +180,8 @@ def ensemble_parameters(settings: ResolvedSettings, fmt: Format, width: int) -> 
     }
     if settings.pairs:  # absent = single texts
         params[Param.PAIRS] = "true"
+    if fmt == "onnx":
+        params[Param.ONNX_ACCELERATOR] = settings.onnx_accelerator
     if settings.task == "embed":
         params[Param.EMBEDDING_DIM] = str(width)
         params[Param.POOLING] = settings.pooling or "mean"

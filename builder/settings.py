@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from contract import Task, output_name
+from contract import OnnxAccelerator, Task, output_name
 
 Format = Literal["onnx", "trt"]
 Device = Literal["gpu", "cpu"]
@@ -21,6 +21,10 @@ DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
 # ~500 ms now and then (measured here: docs/contract.md "Queue policy"; upstream issue
 # triton-inference-server/server#8870). The gateway sheds load and cancels what it abandons instead.
 DEFAULT_QUEUE_TIMEOUT_MS = 0
+# Where Triton's onnxruntime backend keeps the engines ONNX Runtime's TensorRT provider compiles
+# (--onnx-accelerator tensorrt): a path inside the Triton container, on a writable volume (compose:
+# `ort_trt_cache`), so that a restart loads them instead of compiling again.
+DEFAULT_ONNX_TRT_CACHE = "/cache/ort-trt"
 
 
 def _split_commas(value: Any) -> Any:
@@ -83,11 +87,28 @@ class BuildRequest(BaseModel):
     tokenizer_instances: int = Field(default=1, gt=0)
     onnx_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per instance (0: its default)")
     opset: int = Field(default=17, ge=14)
-    onnx_optimize: bool = True
+    onnx_optimize: bool | None = Field(
+        default=None,
+        description="publish onnxruntime's transformer-optimizer output (fused ops) instead of the plain export. "
+        "Default: on, except with --onnx-accelerator tensorrt (TensorRT fuses the plain export itself)",
+    )
     onnx_precision: Precision | None = Field(
         default=None,
         description="precision of the published model.onnx: fp16 (onnxruntime's float16 conversion of the "
-        "optimized graph, inputs and outputs stay int32/fp32) or fp32. Default: fp16 for --device gpu, fp32 on CPU",
+        "optimized graph, inputs and outputs stay int32/fp32) or fp32. Default: fp16 for --device gpu, fp32 on CPU "
+        "and with --onnx-accelerator tensorrt (TensorRT computes in fp16 itself: precision_mode FP16)",
+    )
+    onnx_accelerator: OnnxAccelerator | None = Field(
+        default=None,
+        description="native runtime, GPU: how Triton's onnxruntime backend runs the onnx step (builder/accelerators.py): "
+        "tensorrt (ONNX Runtime's TensorRT provider; engines compiled at load, cached in onnx_trt_cache), cuda (the "
+        "CUDA provider with tuned options) or none. Default: cuda with --device gpu --runtime native, else none "
+        "(the only choice on CPU and with --runtime python)",
+    )
+    onnx_trt_cache: str = Field(
+        default=DEFAULT_ONNX_TRT_CACHE, pattern=r"^/",
+        description="--onnx-accelerator tensorrt: absolute directory, in the Triton container, of the TensorRT "
+        "provider's engine cache (a writable volume)",
     )
     max_batch_tokens: int = Field(
         default=16384, gt=0,
@@ -167,6 +188,8 @@ class ResolvedSettings(BaseModel):
     matryoshka_dims: list[int] = Field(default_factory=list)  # embed: ascending, ending with the full dim; [] = none
     score_label: int | None = None  # rerank: index of the scoring logit
     warmup: bool = True  # model_warmup samples in the tokenizer's and model steps' configs
+    onnx_accelerator: OnnxAccelerator = "none"  # onnx step, native runtime: builder/accelerators.py
+    onnx_trt_cache: str = ""  # engine cache directory of onnx_accelerator tensorrt ("" otherwise)
 
     @property
     def output_name(self) -> str:

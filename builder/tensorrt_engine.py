@@ -12,8 +12,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from builder.errors import BuildError
-from builder.export import INPUT_NAMES
 from builder.settings import ResolvedSettings, effective_buckets
+from contract import TOKEN_INPUTS as INPUT_NAMES
 
 
 def tensorrt_available() -> bool:

@@ -21,6 +21,13 @@ ApiBackend = Literal["onnx", "trt"]
 API_BACKEND: dict[str, ApiBackend] = {"onnx": "onnx", "trt_fp16": "trt", "trt": "trt"}
 REPO_BACKEND: dict[ApiBackend, RepoBackend] = {"onnx": "onnx", "trt": "trt_fp16"}
 BACKEND_PREFERENCE: tuple[ApiBackend, ...] = ("trt", "onnx")  # TensorRT first when both are built
+# How Triton's onnxruntime backend runs the `onnx` step on a GPU (ensemble parameter `onnx_accelerator`,
+# builder option --onnx-accelerator; builder/accelerators.py writes the config block):
+# `tensorrt` = ONNX Runtime's TensorRT execution provider (engines compiled by Triton at load, cached),
+# `cuda` = its CUDA provider with tuned options, `none` = no accelerator settings (CPU builds, the python
+# runtime, and repositories built before the parameter existed).
+OnnxAccelerator = Literal["tensorrt", "cuda", "none"]
+ONNX_ACCELERATORS: tuple[OnnxAccelerator, ...] = get_args(OnnxAccelerator)
 
 # Tensors.
 TEXT = "text"
@@ -60,6 +67,7 @@ class Param:
     DEFAULT_PROMPT = "default_prompt_name"  # embed: the prompt used when a request names none
     MATRYOSHKA_DIMS = "matryoshka_dims"  # embed: comma list of the dimensions a request may truncate to
     SCORE_LABEL = "score_label"  # rerank: index of the logit that scores relevance
+    ONNX_ACCELERATOR = "onnx_accelerator"  # onnx ensembles: an OnnxAccelerator (absent = "none")
     # tokenizer model
     LENGTH_BUCKETS = "length_buckets"
     PAD_TOKEN_ID = "pad_token_id"

@@ -106,12 +106,14 @@ def write_fake_repository(repo: Path) -> Path:
     """Write `fakecls` (classify, 3 labels) and `fakeemb` (embed, dim 8) into `repo`.
 
     `fakeemb` also gets a `fakeemb_trt_fp16_ensemble` (backend `trt_fp16`, same step model), so
-    that backend preference and choice can be tested without TensorRT.
+    that backend preference and choice can be tested without TensorRT. Its onnx ensemble says
+    `onnx_accelerator: tensorrt` (what /v1/models reports; the fake step runs on the CPU all the
+    same); `fakecls` has no such parameter, like a repository built before it (reported `none`).
     """
     _step_model(repo, "fakecls_onnx", "logits", len(LABELS))
     _step_model(repo, "fakeemb_onnx", "embeddings", EMBED_DIM)
     _ensemble(repo, "fakecls", "fakecls_onnx", "logits", len(LABELS), {"task": "classify", "labels": orjson.dumps(LABELS).decode()})
     emb = {"task": "embed", "embedding_dim": str(EMBED_DIM), "pooling": "mean"}
-    _ensemble(repo, "fakeemb", "fakeemb_onnx", "embeddings", EMBED_DIM, emb)
+    _ensemble(repo, "fakeemb", "fakeemb_onnx", "embeddings", EMBED_DIM, {**emb, "onnx_accelerator": "tensorrt"})
     _ensemble(repo, "fakeemb", "fakeemb_onnx", "embeddings", EMBED_DIM, emb, backend="trt_fp16")
     return repo

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from starlette.responses import Response
 
@@ -284,6 +284,7 @@ def _card(runtime: Runtime, m: ServedModel) -> dict[str, Any]:
         "task": m.task,
         "backends": sorted(m.endpoints),
         "default_backend": m.default_backend,
+        "onnx_accelerator": m.endpoints["onnx"].accelerator if "onnx" in m.endpoints else None,
         "max_tokens": m.max_seq_len,
         "max_batch_size": m.endpoint(None).max_batch_size,
         "pipeline": runtime.inference.pipeline_of(m, m.endpoint(None)),
@@ -309,7 +310,10 @@ async def models_route(request: Request) -> Response:
 
 
 @api.get("/v1/models/{model_id}", response_class=OrjsonResponse, responses={200: {"model": ModelCard}})
-async def model_route(model_id: str, request: Request) -> Response:
+async def model_route(
+    request: Request, model_id: str = Path(description="A served model NAME (GET /v1/models lists them).",
+                                           examples=["e5"]),
+) -> Response:
     """One served model's card (OpenAI `models.retrieve`); 404 when it is not served."""
     runtime = _runtime(request)
     return OrjsonResponse(_card(runtime, await runtime.any_model(model_id)))
@@ -322,7 +326,10 @@ async def healthz() -> Response:
 
 
 @ops.get("/readyz", response_class=OrjsonResponse, response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(request: Request, deep: bool = False) -> Response:
+async def readyz(
+    request: Request, deep: bool = Query(False, description="Also run a one-token request through every served "
+                                         "model (short deadline); `checks` reports each.", examples=[True]),
+) -> Response:
     """200 when Triton is ready and every served model is loaded, else 503. `?deep=1` also runs a
     one-token request through every served model (short deadline) and reports each."""
     runtime = _runtime(request)

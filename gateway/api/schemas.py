@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract import OnnxAccelerator
+
 Text = Annotated[str, Field(min_length=1)]
 Inputs = Annotated[
     Text | Annotated[list[Text], Field(min_length=1)], Field(description="One non-empty text or a non-empty list.")
@@ -87,26 +89,28 @@ class EmbedResponse(BaseModel):
 class RerankRequest(_Request):
     """text-embeddings-inference's `POST /rerank`."""
 
-    model: str | None = Field(None, description="Served reranker NAME; optional when one is served.")
+    model: str | None = Field(None, description="Served reranker NAME; optional when one is served.",
+                              examples=["bge-reranker"])
     query: Text = Field(examples=["What is Deep Learning?"])
     texts: Annotated[list[Text], Field(min_length=1)] = Field(
         description="The texts to rank against the query.", examples=[["Deep learning is ...", "Paris is ..."]])
     raw_scores: bool = Field(False, description="Return the model's logit instead of the sigmoid/softmax score.",
                              examples=[False])
     return_text: bool = Field(False, description="Repeat each text in its result.", examples=[True])
-    truncate: bool = Field(True, description="Truncate pairs over max_seq_len (else 413).")
+    truncate: bool = Field(True, description="Truncate pairs over max_seq_len (else 413).", examples=[True])
     truncation_direction: Direction = "right"
-    backend: Backend | None = None
+    backend: Backend | None = Field(None, description="Force a backend; default TensorRT when built.",
+                                    examples=["onnx"])
 
 
 class Rank(BaseModel):
-    index: int = Field(description="Position of the text in the request.")
-    score: float
-    text: str | None = Field(None, description="With return_text only.")
+    index: int = Field(description="Position of the text in the request.", examples=[1])
+    score: float = Field(examples=[0.8427])
+    text: str | None = Field(None, description="With return_text only.", examples=["Paris is ..."])
 
 
 class Document(_Request):
-    text: Text
+    text: Text = Field(examples=["Paris is ..."])
 
 
 class CohereRerankRequest(BaseModel):
@@ -124,44 +128,50 @@ class CohereRerankRequest(BaseModel):
 
 
 class RerankResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: Document | None = None
+    index: int = Field(description="Position of the document in the request.", examples=[1])
+    relevance_score: float = Field(examples=[0.8427])
+    document: Document | None = Field(None, description="With return_documents only.",
+                                      examples=[{"text": "Paris is ..."}])
 
 
 class RerankUsage(BaseModel):
-    total_tokens: int
+    total_tokens: int = Field(description="Tokens of every (query, document) pair.", examples=[91])
 
 
 class CohereRerankResponse(BaseModel):
-    id: str
-    model: str
-    results: list[RerankResult]
-    usage: RerankUsage
+    id: str = Field(examples=["d474ecef3ea94a3593f9482a02e69f8a"])
+    model: str = Field(examples=["bge-reranker"])
+    results: list[RerankResult] = Field(description="Best first.", examples=[
+        [{"index": 1, "relevance_score": 0.8427, "document": {"text": "Paris is ..."}}]])
+    usage: RerankUsage = Field(examples=[{"total_tokens": 91}])
 
 
 class TokenizeRequest(_Request):
     """text-embeddings-inference's `POST /tokenize`."""
 
-    model: str | None = Field(None, description="Served model NAME; optional when one model is served.")
-    inputs: Inputs
+    model: str | None = Field(None, description="Served model NAME; optional when one model is served.",
+                              examples=["e5"])
+    inputs: Inputs = Field(examples=["hello world"])
     add_special_tokens: bool = Field(True, examples=[False])
     prompt_name: str | None = Field(None, description="Tokenize with this prompt of the model prepended.",
                                     examples=["query"])
 
 
 class Token(BaseModel):
-    id: int
-    text: str = Field(description="The input characters of the token (the token itself when special).")
-    special: bool
-    start: int | None = Field(description="Character offset in the input; null for special tokens.")
-    stop: int | None
+    id: int = Field(examples=[59])
+    text: str = Field(description="The input characters of the token (the token itself when special).",
+                      examples=["hello"])
+    special: bool = Field(description="A special token ([CLS], [SEP], ...), not from the input.", examples=[False])
+    start: int | None = Field(description="Character offset in the input; null for special tokens.", examples=[0])
+    stop: int | None = Field(description="Character offset just after the token; null for special tokens.",
+                             examples=[5])
 
 
 class DecodeRequest(_Request):
     """text-embeddings-inference's `POST /decode`."""
 
-    model: str | None = Field(None, description="Served model NAME; optional when one model is served.")
+    model: str | None = Field(None, description="Served model NAME; optional when one model is served.",
+                              examples=["e5"])
     ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(examples=[[2, 59, 3]])
     skip_special_tokens: bool = Field(True, examples=[False])
 
@@ -177,7 +187,9 @@ class OpenAIEmbeddingRequest(BaseModel):
         examples=["hello world", [[59, 60]]],
     )
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector as little-endian float32 bytes (the openai client's default).",
+        examples=["base64"])
     dimensions: int | None = Field(None, ge=1, description="Matryoshka models: keep the first N, renormalized.",
                                    examples=[64])
     input_type: Literal["query", "passage"] | None = Field(
@@ -214,13 +226,21 @@ class ModelCard(BaseModel):
     task: Literal["classify", "embed", "rerank"]
     backends: list[Backend]
     default_backend: Backend
+    onnx_accelerator: OnnxAccelerator | None = Field(
+        description="How Triton's onnxruntime backend runs the `onnx` backend's model step (builder "
+        "`--onnx-accelerator`): `tensorrt` (ONNX Runtime's TensorRT provider, engines compiled at load and "
+        "cached), `cuda` (its CUDA provider with tuned options) or `none` (no accelerator settings: CPU "
+        "builds, the python runtime, repositories built before this field). null without an `onnx` backend.",
+        examples=["cuda"],
+    )
     max_tokens: int
     max_batch_size: int
     pipeline: Literal["scheduler", "ensemble"] = Field(
         description="scheduler: the gateway tokenizes and batches by length; ensemble: Triton's ensemble does it."
     )
     labels: list[str] | None = None
-    pairs: bool = Field(False, description="Takes [text, text_pair] pairs (rerankers, pair classifiers).")
+    pairs: bool = Field(False, description="Takes [text, text_pair] pairs (rerankers, pair classifiers).",
+                        examples=[False])
     dimensions: int | None = None
     pooling: str | None = None
     normalize: bool | None = Field(None, description="embed: the default of `normalize`.", examples=[True])

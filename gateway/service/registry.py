@@ -18,8 +18,10 @@ from tritonclient.grpc import model_config_pb2
 from contract import (
     API_BACKEND,
     BACKEND_PREFERENCE,
+    ONNX_ACCELERATORS,
     TASKS,
     ApiBackend,
+    OnnxAccelerator,
     Param,
     Task,
     family_of,
@@ -102,6 +104,7 @@ class Endpoint:
     step_on_gpu: bool = False
     step_widths: tuple[int, ...] = ()  # the shapes the step's batches take (contract/batching.py)
     step_rows: tuple[int, ...] = ()
+    accelerator: OnnxAccelerator = "none"  # onnx: how the onnxruntime backend runs the step (ensemble parameter)
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,14 @@ def _flag(params: dict[str, str], key: str, default: bool) -> bool:
     return value == "true"
 
 
+def _accelerator(params: dict[str, str], backend: Backend) -> OnnxAccelerator:
+    """The onnx step's execution accelerator (absent: `none`, repositories built before the parameter)."""
+    value = params.get(Param.ONNX_ACCELERATOR, "none") if backend == "onnx" else "none"
+    if value not in ONNX_ACCELERATORS:
+        raise ValueError(f"{Param.ONNX_ACCELERATOR} must be one of {', '.join(ONNX_ACCELERATORS)}, not {value[:20]!r}")
+    return value  # type: ignore[return-value]
+
+
 def _prompts(text: str) -> dict[str, str]:
     """An embedder's prompts: a JSON object of prompt name -> prefix text."""
     prompts = orjson.loads(text or "{}")
@@ -236,7 +247,8 @@ def parse_ensemble(
         log.warning("ensemble %s has no labels/embedding_dim; skipped", config.name)
         return None
     steps = [s.model_name for s in config.ensemble_scheduling.step]
-    endpoint = Endpoint(config.name, backend, int(config.max_batch_size) or 1)
+    accelerator = _accelerator(params, backend)
+    endpoint = Endpoint(config.name, backend, int(config.max_batch_size) or 1, accelerator=accelerator)
     others = others or {}
     if len(steps) == 2 and steps[0] in others and steps[1] in others:
         tok, step = others[steps[0]], others[steps[1]]
@@ -251,7 +263,7 @@ def parse_ensemble(
             config.name, backend, endpoint.max_batch_size, step_model=step.name,
             step_max_batch_size=int(step.max_batch_size) or 1, step_on_gpu=_on_gpu(step),
             step_widths=parse_sizes(step_params.get(Param.BATCH_WIDTHS, "")),
-            step_rows=parse_sizes(step_params.get(Param.BATCH_ROWS, "")),
+            step_rows=parse_sizes(step_params.get(Param.BATCH_ROWS, "")), accelerator=accelerator,
         )
     return model, endpoint
 

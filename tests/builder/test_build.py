@@ -92,7 +92,8 @@ def test_configs_parse_back(python_repository: Path) -> None:
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ["tinycls_tokenizer", "tinycls_onnx"]
     params = {k: v.string_value for k, v in ens.parameters.items()}
     assert params == {"task": "classify", "model_name": "tinycls", "backend": "onnx", "max_seq_len": "64",
-                      "labels": json.dumps(LABELS, separators=(",", ":")), "source": params["source"]}
+                      "labels": json.dumps(LABELS, separators=(",", ":")), "source": params["source"],
+                      "onnx_accelerator": "none"}
     assert Path(params["source"]).is_dir()
 
     emb = read_config(python_repository / "tinyemb_onnx_ensemble" / "config.pbtxt")

@@ -77,6 +77,11 @@ CASES = {
                                "--prompt is for --task embed only", USAGE),
     "trt on cpu": (["--model", "{cls}", "--task", "classify", "--formats", "trt", "--device", "cpu"],
                    "--formats trt needs --device gpu", USAGE),
+    "onnx tensorrt on cpu": (["--model", "{cls}", "--task", "classify", "--onnx-accelerator", "tensorrt"],
+                             "--onnx-accelerator tensorrt needs --device gpu", USAGE),
+    "onnx cuda, python runtime": (["--model", "{cls}", "--task", "classify", "--device", "gpu",
+                                   "--onnx-accelerator", "cuda"], "--onnx-accelerator cuda needs --runtime native",
+                                  USAGE),
 }
 
 
@@ -226,7 +231,9 @@ print(status, time.monotonic() - started)
     (["--model", "{cls}", "--task", "generate", "--name", "x"], USAGE),
     (["--model", "{cls}", "--task", "embed", "--name", "x", "--score-label", "1"], USAGE),
     (["--spec", "{spec}"], USAGE),
-], ids=["wrong path", "wrong task", "option of another task", "bad spec entry"])
+    (["--model", "{cls}", "--task", "embed", "--name", "x", "--device", "cpu", "--onnx-accelerator", "tensorrt"],
+     USAGE),
+], ids=["wrong path", "wrong task", "option of another task", "bad spec entry", "onnx tensorrt on cpu"])
 def test_mistakes_are_refused_before_torch_is_imported(
     argv: list[str], code: int, tiny_classifier_dir: Path, tmp_path: Path,
 ) -> None:

@@ -17,12 +17,14 @@ from transformers import AutoTokenizer
 from builder.configs import read_config
 from builder.manifest import read_manifest
 from contract import TOKEN_INPUTS
+from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.fixtures.tiny_models import (
     MAX_POSITIONS,
     write_tiny_embedder,
     write_tiny_st_embedder,
 )
+from tests.gateway.conftest import running_gateway
 
 TEXTS = ["good movie", "", "안녕하세요 영화 정말 좋아요", "the food was terrible " * 3, "a long text that goes on " * 20]
 MODEL_PROMPTS = {"query": "query: ", "passage": "passage: "}
@@ -103,6 +105,27 @@ def test_export_equals_sentence_transformers(repository: Path, models: dict[str,
     expected = model.encode(TEXTS, prompt_name=None, prompt="")
     np.testing.assert_allclose(got, expected, atol=1e-5)
     assert np.abs(expected - expected[0]).max() > 0.05  # the tiny model's embeddings differ across texts
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(300)
+async def test_gateway_embeddings_equal_sentence_transformers(
+    repository: Path, models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Through a real tritonserver and the gateway, with no request options: each model's pooling,
+    Normalize module (or none), max_seq_length and default prompt, as `SentenceTransformer.encode` gives them."""
+    texts = [t for t in TEXTS if t]  # the API takes no empty text
+    with TritonServer(repository=repository, log_path=tmp_path / "triton.log") as server:
+        gateway = running_gateway(server.grpc_url, repository=str(repository), shm_prefix="gwstmodules")
+        async with gateway as (_, client):
+            for name in ("mean", "last", "cls", "plain"):
+                model = SentenceTransformer(str(models[name]), device="cpu")
+                model.max_seq_length = int(_params(repository, name)["max_seq_len"])  # `cls`: 500 capped at 128
+                want = model.encode(texts, normalize_embeddings=name == "plain")  # plain: normalised, as before
+                response = await client.post("/embed", json={"model": name, "inputs": texts})
+                assert response.status_code == 200, response.text
+                np.testing.assert_allclose(response.json()["embeddings"], want, atol=1e-5, err_msg=name)
+    assert np.abs(np.linalg.norm(model.encode(texts), axis=1) - 1).max() > 1e-3  # plain has no Normalize module
 
 
 def test_model_prompts_are_prefixes(repository: Path, models: dict[str, Path]) -> None:

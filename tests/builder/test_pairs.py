@@ -89,7 +89,8 @@ def test_pair_configs_and_parameters(repository: Path, models: dict[str, Path]) 
         assert dict(tok_step.input_map) == {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR}
     rr = _params(repository, "rr_onnx_ensemble")
     assert rr == {"task": "rerank", "model_name": "rr", "backend": "onnx", "max_seq_len": str(MAX_POSITIONS),
-                  "source": str(models["ce"]), "pairs": "true", "labels": '["LABEL_0"]', "score_label": "0"}
+                  "source": str(models["ce"]), "pairs": "true", "labels": '["LABEL_0"]', "score_label": "0",
+                  "onnx_accelerator": "none"}
     assert read_config(repository / "rr_onnx_ensemble" / "config.pbtxt").output[0].name == "logits"
     assert (repository / "rr_onnx_ensemble" / "labels.txt").read_text() == "LABEL_0\n"
     rr3 = _params(repository, "rr3_onnx_ensemble")

@@ -414,3 +414,18 @@ def test_values_files_set_exactly_the_values_their_components_read(name: str) ->
     components = {c.split("/")[-1] for c in kustomization["components"]}
     read = {field for field, users in _values_fields().items() if users & components}
     assert set(values(name)) == read
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_triton_can_write_the_onnx_tensorrt_engine_cache(name: str) -> None:
+    """Models built with `onnx_accelerator: tensorrt` have Triton write the TensorRT provider's engines into
+    the builder's default onnx_trt_cache: compose mounts its ort_trt_cache volume there, the pod a writable
+    emptyDir (kept across container restarts, not pod moves; the root filesystem is read-only)."""
+    from builder.settings import DEFAULT_ONNX_TRT_CACHE
+
+    assert f"ort_trt_cache:{DEFAULT_ONNX_TRT_CACHE}" in compose_service("triton")["volumes"]
+    spec = pod_spec(overlay(name))
+    mount = {m["mountPath"]: m for m in container(spec, "triton")["volumeMounts"]}[DEFAULT_ONNX_TRT_CACHE]
+    assert not mount.get("readOnly")
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert set(volume) == {"name", "emptyDir"}

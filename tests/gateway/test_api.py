@@ -9,9 +9,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from devstack.tritonserver import TritonServer, free_port
-from gateway.triton.shm_pool import serialize_texts
-from tests.gateway.conftest import running_gateway, shm_segments
 from devstack.fake_repository import (
     EMBED_DIM,
     LABELS,
@@ -21,6 +18,9 @@ from devstack.fake_repository import (
     fake_vector,
     write_fake_repository,
 )
+from devstack.tritonserver import TritonServer, free_port
+from gateway.triton.shm_pool import serialize_texts
+from tests.gateway.conftest import running_gateway, shm_segments
 
 pytestmark = pytest.mark.anyio
 
@@ -114,6 +114,10 @@ async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonSer
         assert models["fakeemb"]["dimensions"] == EMBED_DIM and models["fakeemb"]["max_tokens"] == MAX_SEQ_LEN
         assert models["fakeemb"]["backends"] == ["onnx", "trt"] and models["fakeemb"]["default_backend"] == "trt"
         assert models["fakecls"]["backends"] == ["onnx"] and models["fakecls"]["default_backend"] == "onnx"
+        # the onnx ensemble's `onnx_accelerator` parameter; none without it (a repository built before it)
+        assert (models["fakeemb"]["onnx_accelerator"], models["fakecls"]["onnx_accelerator"]) == ("tensorrt", "none")
+        card = (await client.get("/v1/models/fakeemb")).json()
+        assert card["onnx_accelerator"] == "tensorrt" and card["backends"] == ["onnx", "trt"]
         assert (await client.get("/healthz")).status_code == 200
         ready = await client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["models"] == ["fakecls", "fakeemb"]

@@ -125,6 +125,16 @@ async def test_rerank_equals_cross_encoder(server: TritonServer, repository: Pat
         assert body["usage"]["total_tokens"] == sum(lengths)
         assert body["model"] == "reranker" and body["id"]
 
+        oracle.tokenizer.truncation_side = "left"  # the long pair loses its first tokens instead
+        left = oracle.predict([(QUERY, d) for d in DOCS])
+        assert np.abs(left - want).max() > 1e-4
+        ranks = (await client.post("/rerank", json={"model": "reranker", "query": QUERY, "texts": DOCS,
+                                                    "truncation_direction": "left"})).json()
+        got = np.empty(len(DOCS))
+        for r in ranks:
+            got[r["index"]] = r["score"]
+        np.testing.assert_allclose(got, left, atol=1e-5)
+
 
 async def test_rerank_with_several_logits_scores_the_score_label(
     server: TritonServer, repository: Path, models: dict[str, Path]
@@ -237,15 +247,26 @@ async def test_openai_client_float_base64_dimensions_input_type_and_retrieve(
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway/v1")
         client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="unused", max_retries=0, http_client=http)
         want = oracle.encode(TEXTS, prompt_name="query", normalize_embeddings=True)
+        got: dict[str, np.ndarray] = {}
         for fmt in ("float", "base64", openai.NOT_GIVEN):  # not given: recent clients ask for base64 and decode
-            result = await client.embeddings.create(model="st", input=TEXTS, encoding_format=fmt,
-                                                    extra_body={"input_type": "query"})
-            vectors = [d.embedding for d in result.data]
-            if fmt == "base64":  # asked explicitly: the client hands the string back
-                vectors = [np.frombuffer(base64.b64decode(v), "<f4") for v in vectors]
-            np.testing.assert_array_equal(np.asarray(vectors, np.float32),
-                                          np.asarray(vectors, np.float32).astype("<f4"))
-            np.testing.assert_allclose(vectors, want, atol=1e-5)
+            raw = await client.embeddings.with_raw_response.create(model="st", input=TEXTS, encoding_format=fmt,
+                                                                   extra_body={"input_type": "query"})
+            sent = [d["embedding"] for d in raw.http_response.json()["data"]]  # what the gateway answered
+            vectors = [d.embedding for d in raw.parse().data]  # what the official client hands back
+            if fmt == "float":
+                assert all(isinstance(v, list) for v in sent) and vectors == sent
+            else:  # the gateway sent base64 strings of little-endian float32
+                assert all(isinstance(v, str) for v in sent)
+                if fmt == "base64":  # asked explicitly: the client hands the string back as it came
+                    assert vectors == sent
+                    vectors = [np.frombuffer(base64.b64decode(v), "<f4") for v in vectors]
+                else:  # not given: the client decodes; byte for byte the bytes the gateway sent
+                    assert [np.asarray(v, "<f4").tobytes() for v in vectors] == [base64.b64decode(v) for v in sent]
+            got[str(fmt)] = np.asarray(vectors, np.float32)
+            np.testing.assert_allclose(got[str(fmt)], want, atol=1e-5)
+        # the float answer is exact float32 too: the three formats carry the very same numbers
+        for fmt, vectors in got.items():
+            assert vectors.tobytes() == got["float"].tobytes(), fmt
         small = await client.embeddings.create(model="st", input="bad food", dimensions=8)
         np.testing.assert_allclose(small.data[0].embedding, oracle.encode(
             ["bad food"], normalize_embeddings=True, truncate_dim=8)[0], atol=1e-5)  # default prompt: passage
@@ -324,14 +345,25 @@ async def test_bad_uses_get_4xx_with_the_error_shape(
     async with gateway(server, repository) as (_, client):
         response = await client.post(path, json=body)
     assert response.status_code == status, response.text
-    assert response.json()["error"]["type"] == kind
+    error = response.json()["error"]
+    assert set(error) == {"type", "message"} and error["type"] == kind and error["message"]
+    if kind == "unsupported_dimensions":  # the 400 lists what the model allows
+        assert error["message"].endswith(f"allowed dimensions: {[*MATRYOSHKA, 32]}"), error
 
 
-async def test_pairs_to_a_single_text_model(triton_server: TritonServer, python_repository: Path) -> None:
+async def test_pairs_and_dimensions_to_a_single_text_model(
+    triton_server: TritonServer, python_repository: Path
+) -> None:
     async with running_gateway(triton_server.grpc_url, repository=str(python_repository),
                                shm_prefix="gwpeersingle") as (_, client):
         response = await client.post("/classify", json={"model": "tinycls", "inputs": [["a", "b"]]})
+        width = (await client.get("/v1/models/tinyemb")).json()["dimensions"]
+        dims = await client.post("/embed", json={"model": "tinyemb", "inputs": "a", "dimensions": 8})
     assert response.status_code == 400 and response.json()["error"]["type"] == "pairs_not_supported"
+    # an embedder not built as a matryoshka model: only its own width, and the 400 says so
+    assert dims.status_code == 400 and dims.json()["error"]["type"] == "unsupported_dimensions"
+    assert "not built as a matryoshka model" in dims.json()["error"]["message"]
+    assert dims.json()["error"]["message"].endswith(f"allowed dimensions: [{width}]")
 
 
 async def test_deep_readiness_runs_every_model(server: TritonServer, repository: Path) -> None:
@@ -350,16 +382,21 @@ async def test_deep_readiness_runs_every_model(server: TritonServer, repository:
 
 async def test_openapi_documents_every_new_field_with_an_example(server: TritonServer, repository: Path) -> None:
     async with gateway(server, repository) as (_, client):
-        schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
-    new_fields = {
+        spec = (await client.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+    new_fields = {  # fields issue 10 added to existing bodies
         "EmbedRequest": ["normalize", "truncation_direction", "prompt_name", "dimensions"],
         "ClassifyRequest": ["inputs", "truncation_direction"],
-        "RerankRequest": ["query", "texts", "raw_scores", "return_text", "truncation_direction"],
-        "CohereRerankRequest": ["query", "documents", "top_n", "return_documents"],
-        "TokenizeRequest": ["add_special_tokens", "prompt_name"],
-        "DecodeRequest": ["ids", "skip_special_tokens"],
-        "OpenAIEmbeddingRequest": ["input", "dimensions", "input_type"],
+        "OpenAIEmbeddingRequest": ["input", "encoding_format", "dimensions", "input_type"],
+        "ModelCard": ["pairs", "normalize", "prompts", "default_prompt_name", "matryoshka_dimensions"],
+        "Readiness": ["checks"],
     }
+    for schema in ("RerankRequest", "CohereRerankRequest", "TokenizeRequest", "DecodeRequest",  # new bodies:
+                   "Rank", "CohereRerankResponse", "RerankResult", "Document", "RerankUsage", "Token"):  # every field
+        new_fields[schema] = list(schemas[schema]["properties"])
     for schema, fields in new_fields.items():
         for name in fields:
             assert "examples" in schemas[schema]["properties"][name], (schema, name)
+    for path, param in (("/readyz", "deep"), ("/v1/models/{model_id}", "model_id")):
+        (found,) = [p for p in spec["paths"][path]["get"]["parameters"] if p["name"] == param]
+        assert "examples" in found["schema"], (path, param)
