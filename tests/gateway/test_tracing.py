@@ -313,7 +313,7 @@ def compose_trace_flags(values: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\{(\w+):-([^}]*)\}", fill, flag) for flag in flags]
 
 
-def wait_for(condition: Any, timeout_s: float = 15.0) -> None:
+def wait_for(condition: Any, timeout_s: float = 45.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -340,7 +340,7 @@ def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
                 return bool(ours) and any(s["service"] == "triton" and s["trace_id"] == ours[0]["trace_id"]
                                           for s in receiver.spans)
 
-            wait_for(joined)
+            wait_for(joined)  # exports arrive within ~0.1 s; the margin is for a loaded 2-core machine
             time.sleep(0.5)  # the rest of Triton's batch
     assert receiver.content_types == {"application/x-protobuf", "application/json"}
     (call,) = [s for s in receiver.spans if s["name"] == "triton"]
