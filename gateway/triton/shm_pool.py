@@ -195,11 +195,11 @@ class CudaRegion(Region):
     """Device memory on GPU `device`, shared with Triton through a CUDA IPC handle."""
 
     def __init__(self, prefix: str, layout: RegionLayout, device: int) -> None:
-        cudashm, self._cudart = _cuda()
+        self._cudashm, self._cudart = _cuda()
         super().__init__(f"{prefix}_cuda_{os.getpid()}_{next(_counter)}", layout)
         self.device = device
-        self.handle = cudashm.create_shared_memory_region(self.name, layout.byte_size, device)
-        self.raw_handle = cudashm.get_raw_handle(self.handle)
+        self.handle = self._cudashm.create_shared_memory_region(self.name, layout.byte_size, device)
+        self.raw_handle = self._cudashm.get_raw_handle(self.handle)
         self._base = int(self.handle._base_addr)  # noqa: SLF001 - the device pointer; no public accessor
         _check(self._cudart, self._cudart.cudaSetDevice(device), f"cannot use GPU {device}")
 
@@ -226,9 +226,7 @@ class CudaRegion(Region):
         return out
 
     def destroy(self) -> None:
-        import tritonclient.utils.cuda_shared_memory as cudashm
-
-        cudashm.destroy_shared_memory_region(self.handle)  # the device memory is freed with the handle
+        self._cudashm.destroy_shared_memory_region(self.handle)  # the device memory is freed with the handle
         del self.handle
 
     async def register(self, grpc: Any, timeout: float) -> None:
