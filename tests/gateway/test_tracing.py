@@ -320,6 +320,13 @@ def wait_for(condition: Any, timeout_s: float = 45.0) -> None:
         time.sleep(0.05)
 
 
+CALLS = 10
+"""Calls in the OTLP join test. Triton 2.51's gRPC carrier (src/grpc/infer_handler.h,
+`GrpcServerCarrier::Get`) returns the metadata value as a C string, so when the byte after it in
+memory is not NUL the traceparent is read too long, fails W3C parsing, and Triton starts a trace of
+its own: 1-4% of calls here (gateway/README.md, Tracing). One call would fail the test that often."""
+
+
 def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
     fake_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_otel_env: None
 ) -> None:
@@ -332,18 +339,26 @@ def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         triton = TritonServer(repository=fake_repository, extra_args=tuple(flags), log_path=tmp_path / "triton.log")
         with triton, GatewayProcess(triton.grpc_url, settings={"shm_prefix": "gwotlp"}, log_path=tmp_path / "gw.log") as gw:
-            r = httpx.post(f"{gw.url}/embed", json={"model": "fakeemb", "inputs": ["hello traced world"]}, timeout=30)
-            assert r.status_code == 200, r.text
+            for i in range(CALLS):
+                r = httpx.post(f"{gw.url}/embed", json={"model": "fakeemb", "inputs": [f"hello traced world {i}"]},
+                               timeout=30)
+                assert r.status_code == 200, r.text
 
-            def joined() -> bool:
-                ours = [s for s in receiver.spans if s["name"] == "triton"]
-                return bool(ours) and any(s["service"] == "triton" and s["trace_id"] == ours[0]["trace_id"]
-                                          for s in receiver.spans)
+            def named(name: str) -> list[dict[str, Any]]:
+                return [s for s in receiver.spans if s["name"] == name]
 
-            wait_for(joined)  # exports arrive within ~0.1 s; the margin is for a loaded 2-core machine
+            # Triton traces every call (rate 1), joined or not; exports arrive within ~0.1 s, and the
+            # margin is for a loaded 2-core machine
+            wait_for(lambda: len(named("triton")) >= CALLS and len(named("InferRequest")) >= CALLS)
             time.sleep(0.5)  # the rest of Triton's batch
     assert receiver.content_types == {"application/x-protobuf", "application/json"}
-    (call,) = [s for s in receiver.spans if s["name"] == "triton"]
+    calls = named("triton")
+    assert len(calls) == CALLS and len(named("InferRequest")) == CALLS
+    children = {s["parent"]: s for s in named("InferRequest")}
+    joined = [call for call in calls if call["span_id"] in children]
+    # Triton's gRPC carrier drops a traceparent now and then (CALLS): a few Triton-only traces, not most
+    assert len(joined) > CALLS // 2, f"{len(joined)} of {CALLS} Triton traces joined the gateway's"
+    call = joined[0]
     trace = [s for s in receiver.spans if s["trace_id"] == call["trace_id"]]
     gateway = {s["name"]: s for s in trace if s["service"] == tracing.SERVICE_NAME}
     assert set(gateway) == {"POST /embed", "triton", "serialize"}
