@@ -19,6 +19,7 @@ from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.responses import OrjsonResponse
 from gateway.api.admin import admin
 from gateway.api.routes import api, ops
+from gateway.api.shedding import SheddingGate
 from gateway.logs import configure_logging
 from gateway.metrics import mark_worker_dead
 from gateway.service.admin import ModelAdmin
@@ -61,6 +62,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     app.include_router(admin)
     if settings.docs:
         _serve_docs(app)
+    app.add_middleware(SheddingGate, request_timeout_s=settings.request_timeout_s, pause_s=settings.shed_pause_s)  # inside the one below
     app.add_middleware(
         RequestContextMiddleware,
         request_id_header=settings.request_id_header,

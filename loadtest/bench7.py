@@ -43,7 +43,9 @@ from loadtest.stats import Latency, StepResult, StepSettings
 from loadtest.targets import GatewaySpec
 
 SHORT_TEXT = "how fast is the model server?"
+COLD = "cold start: single text c=256"  # first, on a gateway just started, no warm-up: what a fresh stack refuses
 STEPS = (  # (label, concurrency, texts per request, short text)
+    (COLD, 256, 1, False),
     ("single text c=64", 64, 1, False),
     ("single text c=256", 256, 1, False),
     ("32 texts c=16", 16, 32, False),
@@ -180,7 +182,9 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
         if name not in wanted:
             continue
         texts = [SHORT_TEXT] if short else corpus
-        settings = StepSettings(concurrency=concurrency, batch=batch, duration_s=args.duration, warmup_s=args.warmup,
+        cold = name == COLD
+        settings = StepSettings(concurrency=concurrency, batch=batch, duration_s=args.duration / 2 if cold else args.duration,
+                                warmup_s=0.0 if cold else args.warmup,
                                 procs=1 if concurrency == 1 else min(args.procs, concurrency))
         before = scheduler_counters(url) if scheduler else {}
         triton_before = step_stats(args.triton_grpc, "bench_onnx") if scheduler and args.triton_grpc else {}
@@ -210,7 +214,8 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
                     / requests / 1e6,
                 })
         print(f"  {result.label:<42} {result.items_per_s:9.0f} texts/s  p50 {result.latency_ms.p50:8.2f} ms  "
-              f"p99 {result.latency_ms.p99:8.2f} ms  errors {result.errors}  {batching.get(result.label, '')}",
+              f"p99 {result.latency_ms.p99:8.2f} ms  errors {result.errors} (warm-up {result.warmup_errors}) "
+              f"{result.error_samples[:2]} {batching.get(result.label, '')}",
               file=sys.stderr, flush=True)
         steps.append(result)
     return steps, batching
@@ -382,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         f"repository: --max-batch-size {args.max_batch_size} --instances {args.instances} "
         f"--tokenizer-instances {args.tokenizer_instances} {' '.join(args.builder_arg)}",
         "tokens/s per step: " + ", ".join(f"{s.label} {s.items_per_s * tokens_per_text:.0f}" for s in steps),
-        "errors per step: " + ", ".join(f"{s.label} {s.errors}" for s in steps),
+        "errors per step (window + warm-up): " + ", ".join(f"{s.label} {s.errors}+{s.warmup_errors}" for s in steps),
     ]
     record = RunRecord(name=f"{args.name}-7-peers", description=__doc__.split("\n\n")[1], machine=machine,
                        settings={"shape": args.shape, "duration_s": args.duration, "warmup_s": args.warmup,

@@ -31,12 +31,13 @@ def _x(step: StepResult) -> float:
 
 def table(steps: list[StepResult]) -> str:
     """A Markdown table of the steps."""
-    head = ("| series | mode | conc | rate | batch | req/s | texts/s | p50 ms | p95 ms | p99 ms | errors | dropped "
-            "| client µs/req |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    head = ("| series | mode | conc | rate | batch | req/s | texts/s | p50 ms | p95 ms | p99 ms | errors | warm-up errors "
+            "| dropped | client µs/req |\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = [
         f"| {s.label} | {s.settings.mode} | {s.settings.concurrency} | {s.settings.rate or '-'} | {s.settings.batch} "
         f"| {s.throughput_rps:.1f} | {s.items_per_s:.1f} | {s.latency_ms.p50:.2f} | {s.latency_ms.p95:.2f} "
-        f"| {s.latency_ms.p99:.2f} | {s.errors} | {s.dropped} | {s.client_cpu_us_per_request:.0f} |"
+        f"| {s.latency_ms.p99:.2f} | {s.errors} | {s.warmup_errors} | {s.dropped} | {s.client_cpu_us_per_request:.0f} |"
         for s in steps
     ]
     return "\n".join([head, *rows])

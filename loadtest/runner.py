@@ -29,6 +29,7 @@ class _Recorder:
         self.last = end
         self.latencies: list[float] = []
         self.errors = 0
+        self.warmup_errors = 0  # failures of requests started before the window: reported, never hidden
         self.dropped = 0
         self.samples: list[str] = []
         self.done = 0
@@ -45,10 +46,15 @@ class _Recorder:
 
     def fail(self, t0: float, exc: BaseException) -> None:
         self.done += 1
-        if self.start <= t0 <= self.end:
+        if t0 < self.start:
+            self.warmup_errors += 1
+        elif t0 <= self.end:
             self.errors += 1
-            if len(self.samples) < 5:
-                self.samples.append(f"{type(exc).__name__}: {exc}"[:300])
+        else:
+            return
+        if len(self.samples) < 5:
+            where = "warm-up: " if t0 < self.start else ""
+            self.samples.append(f"{where}{type(exc).__name__}: {exc}"[:300])
 
 
 def _batches(texts: list[str], batch: int, offset: int) -> iter[list[str]]:  # type: ignore[valid-type]
@@ -130,7 +136,7 @@ async def _run_local(
             ticker.cancel()
     finally:
         await target.close()
-    return RawStep(latencies_s=rec.latencies, errors=rec.errors, dropped=rec.dropped,
+    return RawStep(latencies_s=rec.latencies, errors=rec.errors, warmup_errors=rec.warmup_errors, dropped=rec.dropped,
                    window_s=rec.window, cpu_s=cpu, calls=rec.done, error_samples=rec.samples)
 
 

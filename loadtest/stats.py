@@ -48,6 +48,7 @@ class StepResult(BaseModel):
     settings: StepSettings
     requests: int
     errors: int
+    warmup_errors: int = Field(0, description="Failures of requests sent during the warm-up (not in the window).")
     dropped: int = Field(0, description="Open loop: arrivals not sent because `concurrency` were in flight.")
     items: int = Field(description="Texts completed (requests x batch).")
     window_s: float
@@ -70,6 +71,7 @@ class RawStep(BaseModel):
 
     latencies_s: list[float]
     errors: int
+    warmup_errors: int = 0
     dropped: int
     window_s: float
     cpu_s: float = Field(description="Client CPU seconds over the whole step, warm-up included.")
@@ -90,6 +92,7 @@ def merge(label: str, settings: StepSettings, raws: list[RawStep]) -> StepResult
         settings=settings,
         requests=requests,
         errors=errors,
+        warmup_errors=sum(r.warmup_errors for r in raws),
         dropped=sum(r.dropped for r in raws),
         items=requests * settings.batch,
         window_s=window,

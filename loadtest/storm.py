@@ -3,14 +3,20 @@ can serve, and check what a serving stack is judged on in its worst minute.
 
 1. Capacity: `capacity_clients` clients send single-text /embed requests back to back for
    `capacity_s` seconds; correct answers per second is the capacity.
-2. Storm: `storm_clients` clients do the same for `storm_s` seconds. A client that is refused
-   (429/503) waits what Retry-After says, as the OpenAI and most HTTP clients do.
-   Goodput = correct answers per second during the storm.
+2. Storm: `storm_clients` clients do the same for `storm_s` seconds. A refused client (429/503)
+   either waits what Retry-After says (`retry="honour"`, as the OpenAI client does) or sends its
+   next request at once (`retry="ignore"`, a naive retry loop). Goodput = correct answers per
+   second during the storm.
 3. Recovery: from the storm's end, one probe request every 50 ms until one is answered correctly.
 
 Every 200 answer is compared with Triton's own answer for the caller's own text (`reference`):
 an answer closer to another text's vector than to its own counts as cross-talk.
-`python -m loadtest.storm --help` runs it against a running stack (see loadtest/README.md).
+
+The clients are lean (raw HTTP/1.1 keep-alive over asyncio streams, one connection each) and run in
+a child process at a lower CPU priority (nice 10): on a machine shared with the stack they stand in
+for clients on other machines, instead of competing with the server for its CPU.
+`python -m loadtest.storm --help`: against a running stack, or `--compare` code checkouts on a
+local stack built here (loadtest/README.md).
 """
 
 from __future__ import annotations
@@ -18,14 +24,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
+import os
 import random
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
+import orjson
+
+Retry = Literal["honour", "ignore"]
 
 
 @dataclass
@@ -41,6 +54,10 @@ class Phase:
     @property
     def goodput(self) -> float:
         return self.correct / self.seconds if self.seconds else 0.0
+
+    @property
+    def answered(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status)
 
     def summary(self) -> dict[str, object]:
         lat = np.array(self.latencies) if self.latencies else np.zeros(1)
@@ -74,7 +91,9 @@ class StormSettings:
     capacity_s: float = 4.0
     storm_clients: int = 192
     storm_s: float = 8.0
+    retry: Retry = "honour"
     recovery_limit_s: float = 30.0
+    client_nice: int = 10  # CPU priority of the client process (0: the same as the stack)
     seed: int = 0
 
 
@@ -92,101 +111,154 @@ class Checker:
         return bool(int(distances.argmin()) == own and np.allclose(vector, self.matrix[own], rtol=1e-3, atol=1e-4))
 
 
-def _connection(base_url: str) -> httpx.AsyncClient:
-    # One connection per client: one shared pool of hundreds costs the load generator more than the server.
-    # verify=False: plain HTTP, and loading the CA bundle costs ~25 ms of CPU per client.
-    return httpx.AsyncClient(base_url=base_url, timeout=60, limits=httpx.Limits(max_connections=1), verify=False)
+class Connection:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads (status, Retry-After, body)."""
+
+    def __init__(self, base_url: str) -> None:
+        url = urlsplit(base_url)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def connect(self) -> None:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def post(self, path: str, body: bytes) -> tuple[int, float | None, bytes]:
+        try:
+            await self.connect()
+        except OSError:
+            raise ConnectionError("cannot connect") from None
+        assert self.reader is not None and self.writer is not None
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        try:
+            self.writer.write(head + body)
+            status_line = await self.reader.readline()
+            length, retry_after, close = 0, None, False
+            while (line := await self.reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                name = name.strip().lower()
+                if name == "content-length":
+                    length = int(value)
+                elif name == "retry-after":
+                    retry_after = float(value)
+                elif name == "connection" and value.strip().lower() == "close":
+                    close = True
+            data = await self.reader.readexactly(length) if length else b""
+            if close:
+                await self.close()
+            return int(status_line.split()[1]), retry_after, data
+        except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
+            await self.close()
+            raise ConnectionError("connection failed") from None
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
-async def _requests(
-    http: httpx.AsyncClient, model: str, texts: list[str], check: Checker, phase: Phase, until: float, rng: random.Random
-) -> None:
+def _embedding(data: bytes) -> np.ndarray:
+    return np.asarray(orjson.loads(data)["embeddings"][0], dtype=np.float32)
+
+
+async def _requests(connection: Connection, s: StormSettings, check: Checker, phase: Phase, until: float,
+                    rng: random.Random) -> None:
     while time.monotonic() < until:
-        text = rng.choice(texts)
+        text = rng.choice(check.texts)
+        body = orjson.dumps({"model": s.model, "inputs": text, "normalize": False})
         start = time.monotonic()
         try:
-            r = await http.post("/embed", json={"model": model, "inputs": text, "normalize": False})
-        except httpx.HTTPError:
+            status, retry_after, data = await connection.post("/embed", body)
+        except ConnectionError:
             phase.statuses[0] += 1
             await asyncio.sleep(0.1)
             continue
-        phase.statuses[r.status_code] += 1
-        if r.status_code == 200:
-            if check(text, np.asarray(r.json()["embeddings"][0], dtype=np.float32)):
+        phase.statuses[status] += 1
+        if status == 200:
+            if check(text, _embedding(data)):
                 phase.correct += 1
                 phase.latencies.append(time.monotonic() - start)
             else:
                 phase.wrong += 1
-        elif r.status_code in (429, 503):
-            await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+        elif status in (429, 503) and s.retry == "honour":
+            await asyncio.sleep(retry_after if retry_after is not None else 1.0)
 
 
-async def _phase(base_url: str, s: StormSettings, clients: int, seconds: float, check: Checker,
-                 seed: int) -> Phase:
+async def _phase(base_url: str, s: StormSettings, clients: int, seconds: float, check: Checker, seed: int) -> Phase:
     phase = Phase()
-    connections = [_connection(base_url) for _ in range(clients)]  # made before the clock starts
+    connections = [Connection(base_url) for _ in range(clients)]
+    await asyncio.gather(*(c.connect() for c in connections))  # before the clock starts
     until = time.monotonic() + seconds
     try:
         await asyncio.gather(*(
-            _requests(http, s.model, check.texts, check, phase, until, random.Random(seed * 1000 + i))
-            for i, http in enumerate(connections)
+            _requests(conn, s, check, phase, until, random.Random(seed * 1000 + i))
+            for i, conn in enumerate(connections)
         ))
     finally:
-        await asyncio.gather(*(http.aclose() for http in connections))
+        await asyncio.gather(*(c.close() for c in connections))
     phase.seconds = seconds  # answers that arrive after `until` (the last in-flight ones) still count
     return phase
 
 
 async def _recovery(base_url: str, s: StormSettings, check: Checker, since: float) -> float:
     text = check.texts[0]
-    async with _connection(base_url) as http:
+    connection = Connection(base_url)
+    body = orjson.dumps({"model": s.model, "inputs": text, "normalize": False})
+    try:
         while time.monotonic() - since < s.recovery_limit_s:
             try:
-                r = await http.post("/embed", json={"model": s.model, "inputs": text, "normalize": False})
-                if r.status_code == 200 and check(text, np.asarray(r.json()["embeddings"][0], dtype=np.float32)):
+                status, _, data = await connection.post("/embed", body)
+                if status == 200 and check(text, _embedding(data)):
                     return time.monotonic() - since
-            except httpx.HTTPError:
+            except ConnectionError:
                 pass
             await asyncio.sleep(0.05)
+    finally:
+        await connection.close()
     return float("inf")
 
 
-async def run_storm(base_url: str, reference: dict[str, np.ndarray], s: StormSettings,
-                    log: Callable[[str], None] = lambda _: None) -> StormReport:
-    """Capacity, storm and recovery against the gateway at `base_url`."""
+async def _storm(base_url: str, reference: dict[str, np.ndarray], s: StormSettings) -> StormReport:
     check = Checker(reference)
     capacity = await _phase(base_url, s, s.capacity_clients, s.capacity_s, check, s.seed)
-    log(f"capacity: {capacity.summary()}")
     storm_task = asyncio.create_task(_phase(base_url, s, s.storm_clients, s.storm_s, check, s.seed + 1))
-    await asyncio.sleep(0)  # the storm's connections are made (synchronously) before its clock starts
     await asyncio.sleep(s.storm_s)
     ended = time.monotonic()  # no new requests from here; the probe starts at once, behind what is in flight
     recovery_s = await _recovery(base_url, s, check, ended)
     storm = await storm_task
-    log(f"storm: {storm.summary()}; recovery {recovery_s:.2f}s")
     return StormReport(capacity, storm, recovery_s)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import tritonclient.grpc as grpcclient
+def _client_process(base_url: str, reference: dict[str, np.ndarray], s: StormSettings, out: mp.Queue) -> None:
+    if s.client_nice:
+        os.nice(s.client_nice)
+    out.put(asyncio.run(_storm(base_url, reference, s)))
 
-    from loadtest.corpus import fixed_length_corpus
 
-    parser = argparse.ArgumentParser(prog="python -m loadtest.storm", description=__doc__.splitlines()[0])
-    parser.add_argument("--gateway", default="http://127.0.0.1:8080")
-    parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC, for the reference answers")
-    parser.add_argument("--model", required=True, help="served embed model NAME (its NAME_onnx_ensemble is the reference)")
-    parser.add_argument("--clients", type=int, default=192)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--texts", type=int, default=128)
-    parser.add_argument("--words", type=int, default=24)
-    args = parser.parse_args(argv)
-    texts = fixed_length_corpus(args.words, size=args.texts)
-    triton = grpcclient.InferenceServerClient(args.triton)
-    reference = {t: triton_embedding(triton, f"{args.model}_onnx_ensemble", t) for t in texts}
-    settings = StormSettings(model=args.model, storm_clients=args.clients, storm_s=args.seconds)
-    report = asyncio.run(run_storm(args.gateway, reference, settings, log=print))
-    print(json.dumps({"settings": asdict(settings), **report.summary()}, indent=2))
+def run_storm_sync(base_url: str, reference: dict[str, np.ndarray], s: StormSettings,
+                   log: Callable[[str], None] = lambda _: None) -> StormReport:
+    """Capacity, storm and recovery against the gateway at `base_url`, the clients in a child process."""
+    context = mp.get_context("spawn")
+    queue: mp.Queue = context.Queue()
+    child = context.Process(target=_client_process, args=(base_url, reference, s, queue), daemon=True)
+    child.start()
+    try:
+        report: StormReport = queue.get(timeout=s.capacity_s + s.storm_s + s.recovery_limit_s + 120)
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+    log(f"capacity: {report.capacity.summary()}")
+    log(f"storm ({s.retry} Retry-After): {report.storm.summary()}; recovery {report.recovery_s:.2f}s")
+    return report
+
+
+async def run_storm(base_url: str, reference: dict[str, np.ndarray], s: StormSettings,
+                    log: Callable[[str], None] = lambda _: None) -> StormReport:
+    """`run_storm_sync` from a running event loop."""
+    return await asyncio.to_thread(run_storm_sync, base_url, reference, s, log)
 
 
 def triton_embedding(triton: object, ensemble: str, text: str) -> np.ndarray:
@@ -200,6 +272,95 @@ def triton_embedding(triton: object, ensemble: str, text: str) -> np.ndarray:
     name = output_name("embed")
     result = triton.infer(ensemble, [inp], outputs=[grpcclient.InferRequestedOutput(name)])  # type: ignore[attr-defined]
     return np.asarray(result.as_numpy(name)[0], dtype=np.float32)
+
+
+def references(triton_url: str, model: str, texts: list[str]) -> dict[str, np.ndarray]:
+    import tritonclient.grpc as grpcclient
+
+    triton = grpcclient.InferenceServerClient(triton_url)
+    return {t: triton_embedding(triton, f"{model}_onnx_ensemble", t) for t in texts}
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Build the storm model here, start one Triton, and storm a gateway from each code checkout
+    (`label=path`), each pipeline and retry mode in turn; results to loadtest/results/<name>/."""
+    import tempfile
+
+    from devstack.gateway import GatewayProcess
+    from devstack.tritonserver import TritonServer
+    from loadtest.corpus import fixed_length_corpus
+    from loadtest.machine import describe_machine
+    from loadtest.models import make_bert
+    from loadtest.report import RESULTS_DIR
+    from tests.fixtures.repository import PYTHON_CPU, build_repository
+
+    work = Path(tempfile.mkdtemp(prefix="storm-"))
+    source = make_bert(work / "source", "embed", args.shape)
+    repository = work / "model_repository"
+    build_repository(repository, [{"model": str(source), "task": "embed", "name": args.model}], **PYTHON_CPU,
+                     max_seq_len=128, max_batch_size=32)
+    texts = fixed_length_corpus(args.words, size=args.texts)
+    roots = dict(item.split("=", 1) for item in args.compare.split(","))
+    rows = []
+    with TritonServer(repository=repository, log_path=work / "tritonserver.log") as triton:
+        reference = references(triton.grpc_url, args.model, texts)
+        for pipeline in args.pipelines.split(","):
+            for retry in args.retry.split(","):
+                for label, root in roots.items():
+                    s = StormSettings(model=args.model, storm_clients=args.clients, storm_s=args.seconds,
+                                      retry=retry)  # type: ignore[arg-type]
+                    settings = {"repository": str(repository), "pipeline": pipeline, "request_timeout_s": "3",
+                                "triton_timeout_s": "2"}
+                    with GatewayProcess(triton_url=triton.grpc_url, settings=settings, code_root=Path(root),
+                                        log_path=work / f"gateway-{label}-{pipeline}-{retry}.log") as gw:
+                        report = run_storm_sync(gw.url, reference, s, log=print)
+                    rows.append({"code": label, "pipeline": pipeline, "retry": retry, **report.summary()})
+                    print(json.dumps(rows[-1]), flush=True)
+    out = Path(args.out or RESULTS_DIR) / args.name
+    out.mkdir(parents=True, exist_ok=True)
+    machine = describe_machine()
+    (out / "results.json").write_text(json.dumps({"machine": machine.model_dump(), "settings": vars(args),
+                                                  "rows": rows}, indent=1, default=str))
+    lines = ["| code | pipeline | retry | capacity/s | storm goodput/s | ratio | recovery s | cross-talk | statuses |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['code']} | {r['pipeline']} | {r['retry']} | {r['capacity']['goodput_per_s']} | "
+                     f"{r['storm']['goodput_per_s']} | {r['goodput_ratio']} | {r['recovery_s']} | {r['storm']['wrong']} | "
+                     f"{r['storm']['statuses']} |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from loadtest.corpus import fixed_length_corpus
+
+    parser = argparse.ArgumentParser(prog="python -m loadtest.storm", description=__doc__.splitlines()[0])
+    parser.add_argument("--gateway", default="http://127.0.0.1:8080")
+    parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC, for the reference answers")
+    parser.add_argument("--model", default="stormemb",
+                        help="served embed model NAME (its NAME_onnx_ensemble is the reference)")
+    parser.add_argument("--clients", type=int, default=192)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--retry", default="honour", help="honour, ignore, or both: honour,ignore")
+    parser.add_argument("--texts", type=int, default=128)
+    parser.add_argument("--words", type=int, default=24)
+    parser.add_argument("--compare", default="", help="label=checkout,...: build a local stack and storm a gateway "
+                        "run from each checkout (e.g. before=/tmp/old,after=.)")
+    parser.add_argument("--pipelines", default="scheduler,ensemble", help="with --compare")
+    parser.add_argument("--shape", default="medium", help="with --compare: loadtest.models shape of the model")
+    parser.add_argument("--name", default="local-2core-storm", help="with --compare: results folder name")
+    parser.add_argument("--out", default="", help="with --compare: results root (default loadtest/results)")
+    args = parser.parse_args(argv)
+    if args.compare:
+        compare(args)
+        return
+    texts = fixed_length_corpus(args.words, size=args.texts)
+    reference = references(args.triton, args.model, texts)
+    for retry in args.retry.split(","):
+        settings = StormSettings(model=args.model, storm_clients=args.clients, storm_s=args.seconds,
+                                 retry=retry)  # type: ignore[arg-type]
+        report = run_storm_sync(args.gateway, reference, settings, log=print)
+        print(json.dumps({"settings": asdict(settings), **report.summary()}, indent=2))
 
 
 if __name__ == "__main__":

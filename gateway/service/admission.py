@@ -1,58 +1,190 @@
-"""Admission by expected wait: refuse at once what could not be served in time.
+"""Admission by the time the work AHEAD of a request needs: refuse at once only what could not start in time.
 
-A `Backlog` counts the work admitted to one model and not yet done (tokens for a model step's
-scheduler, texts for an ensemble) and measures the rate at which that model serves it. A new
-request is admitted when the work ahead of it, at that rate, would be done within
-`max_wait_s` and within 80% of the request's remaining deadline; otherwise it gets
-`overloaded` (503 with Retry-After) before it costs anything. The queue is bounded by time,
-not by a count, so it adapts to the model and the hardware, and a burst never builds a backlog
-that outlives it.
+A `Backlog` counts the work admitted to one model and not yet done (tokens and rows for a model
+step's scheduler, texts for an ensemble) and learns how long the model takes to serve it: a
+`ServiceTime` model, seconds = per-call cost + per-unit cost x units, fitted to the calls
+themselves. Each call is measured by its share of the model's busy time (time is split evenly
+between the calls running together), so calls that overlap on several instances, or queue behind
+each other in Triton, count what they really add, and a per-call overhead measured on single
+texts is not mistaken for a per-token cost.
+
+A request is refused (`overloaded`, 503, Retry-After = when the work ahead should be done) when
+the work ahead of it would take longer than `max_wait_s` or 80% of its remaining deadline. Its own
+size never counts: an idle model admits any request within the request limits, and so does a
+model whose cost is not measured yet. The check needs no tokenization, so it runs before any:
+`check()` first, `add()` once the request's size is known.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 
 from gateway.errors import ErrorKind, GatewayError
 
 ADMIT_FRACTION = 0.8  # share of a request's remaining time it may spend waiting behind others
-_SMOOTHING = 0.3  # weight of the newest measurement in the rate estimate
+_HALF_LIFE_CALLS = 64  # the fit forgets older calls by this half-life (the hardware may change: reload, contention)
+_DECAY = 0.5 ** (1 / _HALF_LIFE_CALLS)
+_MIN_SPREAD = 0.2  # units must vary by this much (coefficient of variation) to split per-call from per-unit cost
+
+
+class ServiceTime:
+    """seconds = per_call_s + per_unit_s x units, fitted by exponentially weighted least squares."""
+
+    def __init__(self) -> None:
+        self._w = self._t = self._tt = self._y = self._ty = 0.0
+        self.calls = 0
+
+    def observe(self, units: float, seconds: float) -> None:
+        """One call of `units` that cost `seconds` of the model's time."""
+        self._w = _DECAY * self._w + 1.0
+        self._t = _DECAY * self._t + units
+        self._tt = _DECAY * self._tt + units * units
+        self._y = _DECAY * self._y + seconds
+        self._ty = _DECAY * self._ty + units * seconds
+        self.calls += 1
+
+    @property
+    def known(self) -> bool:
+        return self.calls > 0
+
+    def coefficients(self) -> tuple[float, float]:
+        """(per_call_s, per_unit_s), both >= 0. While the calls seen so far all had about the same size,
+        their cost is taken as per-call (a lone text's time is mostly fixed cost, not tokens)."""
+        if not self.calls:
+            return 0.0, 0.0
+        w, t, tt, y, ty = self._w, self._t, self._tt, self._y, self._ty
+        mean_t, mean_y = t / w, y / w
+        variance = max(tt / w - mean_t * mean_t, 0.0)
+        if mean_t <= 0 or variance < (_MIN_SPREAD * mean_t) ** 2:
+            return mean_y, 0.0
+        per_unit = (ty / w - mean_t * mean_y) / variance
+        per_call = mean_y - per_unit * mean_t
+        if per_unit < 0:
+            return mean_y, 0.0
+        if per_call < 0:  # no fixed cost visible: all of it per unit, through the origin
+            return 0.0, ty / tt
+        return per_call, per_unit
+
+    def seconds(self, units: float, calls: int) -> float:
+        """Expected model time of `units` served in `calls` calls."""
+        per_call, per_unit = self.coefficients()
+        return calls * per_call + units * per_unit
+
+
+class BusyClock:
+    """Processor-sharing time of one model: advances 1/n seconds per second while n calls run."""
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.running = 0
+        self._now = now
+        self._virtual = 0.0
+        self._last = now()
+
+    def _advance(self) -> float:
+        now = self._now()
+        if self.running:
+            self._virtual += (now - self._last) / self.running
+        self._last = now
+        return self._virtual
+
+    def start(self) -> float:
+        """A call starts: the mark to pass to `stop`."""
+        mark = self._advance()
+        self.running += 1
+        return mark
+
+    def stop(self, mark: float) -> float:
+        """A call ended: its share of the model's busy time, in seconds."""
+        share = self._advance() - mark
+        self.running -= 1
+        return share
 
 
 class Backlog:
-    """Work admitted to one model and not yet done, and the measured rate it is served at."""
+    """Work admitted to one model and not yet done, and what serving it costs."""
 
-    def __init__(self, name: str, unit: str, max_wait_s: float) -> None:
+    def __init__(self, name: str, unit: str, max_wait_s: float, call_units: int | None, call_rows: int = 0) -> None:
         self.name = name
         self.unit = unit
         self.max_wait_s = max_wait_s
+        # Most units one call carries (the scheduler's token budget), when the gateway forms the calls; None when
+        # callers make the calls and Triton merges them (the ensemble pipeline): pending calls are counted.
+        self.call_units = call_units
+        self.call_rows = call_rows  # most rows one call carries (0: rows do not limit a call)
         self.pending = 0  # units admitted and not finished
-        self.calls = 0  # calls to the model running now (for callers that do not count them themselves)
-        self.per_s: float | None = None  # None until a call completed
+        self.pending_rows = 0
+        self.pending_calls = 0  # call_units None: calls admitted and not finished
+        self.service = ServiceTime()
+        self.clock = BusyClock()
+        self.call_latency_s = 0.0  # moving average of a call's wall time (queueing in Triton included)
+        self.shedding = False  # the last check refused a request; cleared when one is admitted
 
-    def expected_wait_s(self, units: int) -> float:
-        """How long `units` more would take behind the pending work (0 while the rate is unknown)."""
-        return 0.0 if self.per_s is None else (self.pending + units) / self.per_s
+    def pending_call_count(self) -> int:
+        """Calls that serving the pending work takes (at the least, where the gateway forms them)."""
+        if self.pending <= 0:
+            return 0
+        if self.call_units is None:
+            return self.pending_calls
+        calls = math.ceil(self.pending / self.call_units)
+        return max(calls, math.ceil(self.pending_rows / self.call_rows)) if self.call_rows else calls
 
-    def admit(self, units: int, deadline: float) -> None:
-        """Count `units` in, or raise `overloaded` when they could not be served in time."""
-        wait = self.expected_wait_s(units)
+    def wait_s(self) -> float:
+        """Expected time until the work admitted so far is served (0 while nothing is pending or the cost is unknown)."""
+        if self.pending <= 0 or not self.service.known:
+            return 0.0
+        return self.service.seconds(self.pending, self.pending_call_count())
+
+    def check(self, deadline: float) -> None:
+        """Raise `overloaded` when the work ahead would not be served before a request due at `deadline`
+        (time.monotonic()) could start: more than `max_wait_s`, or than 80% of its remaining time."""
+        wait = self.wait_s()
+        if wait <= 0.0:
+            self.shedding = False
+            return
         allowed = min(self.max_wait_s, ADMIT_FRACTION * (deadline - time.monotonic()))
         if wait > allowed:
+            self.shedding = True
             raise GatewayError(
                 ErrorKind.OVERLOADED,
-                f"{self.name} is overloaded: about {wait:.1f}s of work ahead, over the {allowed:.1f}s this "
-                "request may wait",
-                type="overloaded", retry_after_s=max(1.0, wait - allowed),
+                f"{self.name} is overloaded: about {wait:.1f}s of work ahead, over the {max(allowed, 0.0):.1f}s this "
+                "request may wait; retry after it",
+                type="overloaded", retry_after_s=wait,
             )
+        self.shedding = False
+
+    def add(self, units: int, rows: int = 0, calls: int = 0) -> None:
+        """Count an admitted request's work in (`calls`: the calls it makes, where callers make them)."""
         self.pending += units
+        self.pending_rows += rows
+        self.pending_calls += calls
 
-    def served(self, units: int, seconds: float, concurrency: int) -> None:
-        """`units` were served by one call of `seconds` that shared the model with `concurrency - 1` others."""
-        self.pending -= units
-        rate = units * max(concurrency, 1) / max(seconds, 1e-6)
-        self.per_s = rate if self.per_s is None else self.per_s + _SMOOTHING * (rate - self.per_s)
+    def admit(self, units: int, deadline: float, rows: int = 0, calls: int = 0) -> None:
+        """`check`, then `add`."""
+        self.check(deadline)
+        self.add(units, rows, calls)
 
-    def dropped(self, units: int) -> None:
-        """`units` left without being served (their caller gave up, or the call failed)."""
+    def call_started(self) -> float:
+        """A call of this model starts: the mark for `served` / `call_ended`."""
+        return self.clock.start()
+
+    def observe_latency(self, seconds: float) -> None:
+        """The wall time of a call that succeeded."""
+        self.call_latency_s = seconds if not self.call_latency_s else self.call_latency_s + 0.2 * (
+            seconds - self.call_latency_s)
+
+    def call_ended(self, mark: float) -> float:
+        """A call ended without a measurement (failed, cancelled): its share of busy time."""
+        return self.clock.stop(mark)
+
+    def served(self, units: int, rows: int, mark: float) -> None:
+        """A call that started at `mark` served `units` in `rows`: learn its cost, count its work out."""
+        self.service.observe(units, self.clock.stop(mark))
+        self.done(units, rows, 1 if self.call_units is None else 0)
+
+    def done(self, units: int, rows: int = 0, calls: int = 0) -> None:
+        """Work that left without a measurement (served elsewhere, failed, or its caller gave up)."""
         self.pending -= units
+        self.pending_rows -= rows
+        self.pending_calls -= calls

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from gateway import tracing
 from gateway.errors import ErrorKind, GatewayError, invalid
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
+from gateway.service.in_flight import InFlightLimit
 from gateway.service.registry import Backend, Endpoint, ServedModel
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
 from gateway.service.tokenization import (
@@ -104,7 +106,7 @@ class Inference:
         self.settings = settings
         self.pipelines: dict[str, TokenPipeline] = {}  # by model step name
         self.encoders: dict[str, TextEncoder] = {}  # ensemble-pipeline models the gateway can count tokens for
-        self.backlogs: dict[str, Backlog] = {}  # ensemble pipeline: texts admitted per ensemble
+        self.backlogs: dict[str, tuple[Backlog, InFlightLimit]] = {}  # ensemble pipeline, per ensemble
         self._on_model_gone = on_model_gone
         self._fallback_logged: set[str] = set()
         self._retiring: set[asyncio.Task[None]] = set()  # schedulers of rebuilt steps, closing
@@ -123,6 +125,7 @@ class Inference:
         try:
             if pipeline is None:
                 return await self._run_ensemble(model, endpoint, inputs, truncate, deadline)
+            pipeline.scheduler.backlog.check(deadline)  # before tokenizing: a refusal costs next to nothing
             start = time.perf_counter()
             with tracing.span("tokenize"):
                 if inputs.token_ids is not None:
@@ -137,6 +140,31 @@ class Inference:
             if exc.type == "model_unavailable":
                 self._on_model_gone()
             raise
+
+    def shedding(self) -> bool:
+        """Whether any model's last admission check refused a request."""
+        return any(p.scheduler.backlog.shedding for p in self.pipelines.values()) or any(
+            backlog.shedding for backlog, _ in self.backlogs.values())
+
+    def backlog_of(self, model: ServedModel, backend: Backend | None = None) -> Backlog | None:
+        """The admission backlog requests for `model` meet (None before its first ensemble request)."""
+        endpoint = model.endpoint(backend)
+        pipeline = self.pipelines.get(endpoint.step_model)
+        if pipeline is not None:
+            return pipeline.scheduler.backlog
+        entry = self.backlogs.get(endpoint.triton_model)
+        return entry[0] if entry is not None else None
+
+    def _ensemble_admission(self, endpoint: Endpoint) -> tuple[Backlog, InFlightLimit]:
+        """The texts admitted to an ensemble, and the bound on those in flight to Triton (made on first use)."""
+        entry = self.backlogs.get(endpoint.triton_model)
+        size = endpoint.max_batch_size
+        if entry is None or entry[1].limit != size * self.settings.max_batches_in_flight:
+            entry = self.backlogs[endpoint.triton_model] = (
+                Backlog(endpoint.triton_model, "texts", self.settings.max_queue_wait_s, call_units=None),
+                InFlightLimit(size * self.settings.max_batches_in_flight),
+            )
+        return entry
 
     def encoder_for(self, model: ServedModel) -> TextEncoder | None:
         """The tokenizer the gateway runs for `model` (None when it cannot read the model's tokenizer)."""
@@ -155,39 +183,52 @@ class Inference:
         if not truncate and encoder is not None:  # refuse before paying for the inference
             encoded_here = await asyncio.to_thread(encoder.encode, texts, pairs, inputs.direction)
             _check_lengths(model, encoded_here.num_tokens, truncate)
-        backlog = self.backlogs.get(endpoint.triton_model)
-        if backlog is None:
-            backlog = self.backlogs[endpoint.triton_model] = Backlog(
-                endpoint.triton_model, "texts", self.settings.max_queue_wait_s)
-        backlog.admit(len(texts), deadline)
+        backlog, limit = self._ensemble_admission(endpoint)
+        backlog.check(deadline)
+        size = endpoint.max_batch_size
+        backlog.add(len(texts), calls=math.ceil(len(texts) / size))
         encoded = [t.encode() for t in texts]  # the API admits valid Unicode only
         second = [t.encode() for t in pairs] if pairs is not None else None
-        size = endpoint.max_batch_size
         starts = range(0, len(encoded), size)
         chunks = [(encoded[i : i + size], second[i : i + size] if second is not None else None) for i in starts]
         output = Output(model.output_name, model.output_width, model.name)
 
-        served, settled = 0, False
+        remaining = [len(chunk[0]) for chunk in chunks]  # texts of each chunk still counted in the backlog (one call each)
 
-        async def call(chunk: tuple[list[bytes], list[bytes] | None]) -> tuple[np.ndarray, np.ndarray]:
-            nonlocal served
-            backlog.calls += 1
-            concurrency, start = backlog.calls, time.perf_counter()
+        async def call(k: int) -> tuple[np.ndarray, np.ndarray]:
+            first, second_texts = chunks[k]
+            held = await limit.acquire(len(first))  # waits here, not in Triton's queue, behind earlier chunks
+            if deadline - time.monotonic() < backlog.call_latency_s:  # would expire in Triton: never send it
+                limit.release(held)
+                raise GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its deadline")
+            mark, sent = backlog.call_started(), time.perf_counter()
             try:
                 result = await self.client.infer_ensemble(
-                    endpoint.triton_model, chunk[0], output, deadline, pairs=chunk[1], direction=inputs.direction)
+                    endpoint.triton_model, first, output, deadline, pairs=second_texts, direction=inputs.direction)
+            except BaseException:
+                backlog.call_ended(mark)
+                raise
             finally:
-                backlog.calls -= 1
-            if not settled:  # a sibling chunk failed and the request's texts left the backlog already
-                backlog.served(len(chunk[0]), time.perf_counter() - start, concurrency)
-                served += len(chunk[0])
+                limit.release(held)
+            backlog.observe_latency(time.perf_counter() - sent)
+            backlog.served(len(first), len(first), mark)
+            remaining[k] = 0
             return result
 
         try:
-            parts = [await call(chunks[0])] if len(chunks) == 1 else await asyncio.gather(*map(call, chunks))
+            if len(chunks) == 1:
+                parts = [await call(0)]
+            else:
+                tasks = [asyncio.ensure_future(call(k)) for k in range(len(chunks))]
+                try:
+                    parts = await asyncio.gather(*tasks)
+                except BaseException:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
         finally:
-            backlog.dropped(len(texts) - served)  # chunks that failed, were cancelled or never ran
-            settled = True
+            backlog.done(sum(remaining), calls=sum(1 for n in remaining if n))  # chunks that failed or never ran
         outputs = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
         num_tokens = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
         return BatchResult(outputs, num_tokens, _check_lengths(model, num_tokens, truncate))

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from gateway.errors import GatewayError
 from gateway.service.inference import Inference, Inputs
-from gateway.service.registry import Registry, ServedModel, Task
+from gateway.service.registry import Backend, Registry, ServedModel, Task
 from gateway.settings import GatewaySettings
 from gateway.triton.client import TritonClient
 
@@ -100,6 +100,17 @@ class Runtime:
                 raise
         await self.refresh()
         return self.registry.resolve_any(name)
+
+    def check_admission(self, name: str | None, task: Task, backend: Backend | None, deadline: float) -> None:
+        """Raise `overloaded` when the model a request names is shedding and would refuse it now (the
+        check service/admission.py makes, before anything is parsed or tokenized); nothing when the
+        model or backend is unknown here (the route answers that)."""
+        try:
+            backlog = self.inference.backlog_of(self.registry.resolve(name, task), backend)
+        except GatewayError:
+            return
+        if backlog is not None and backlog.shedding:
+            backlog.check(deadline)
 
     async def probe(self) -> dict[str, str]:
         """Run a one-token request through every served model: `ok` or what failed, by model name."""

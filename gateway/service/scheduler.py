@@ -7,9 +7,10 @@ and cut by contract/batching.py's rule (token budget, row limit, bounded padding
 padded only to its own longest row), and the batch holding the oldest row goes first. When a
 batch returns, its output rows are scattered back to their callers, in order.
 
-Admission (service/admission.py): the scheduler measures how many tokens per second the step
-serves. A caller whose rows would, behind the queued and running ones, not be served in time is
-refused at once (`overloaded`, with a retry hint) instead of queueing work nobody will wait for.
+Admission (service/admission.py): the scheduler's `backlog` counts the queued and running tokens and
+learns what a call of the step costs (per call + per token); the caller checks it before
+tokenizing (`backlog.check`), so a request the work ahead would keep waiting too long is refused at
+once (`overloaded`, with a retry hint) instead of queueing work nobody will wait for.
 A caller that gives up (deadline, disconnect) leaves its rows behind; they are dropped before
 the next batch forms, and a running batch none of whose callers still waits is cancelled
 (the Triton call with it). A failed batch fails every caller with a row in it.
@@ -106,7 +107,8 @@ class BatchScheduler:
         self._metrics = metrics
         self._queue: list[_Row] = []
         self._in_flight = 0
-        self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s)  # queued and running tokens
+        self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s, call_units=policy.max_tokens,
+                               call_rows=policy.max_rows)  # queued and running tokens and rows
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -115,9 +117,9 @@ class BatchScheduler:
         return len(self._queue)
 
     async def submit(self, encoded: EncodedTexts, deadline: float) -> np.ndarray:
-        """Outputs [n, width] float32 of the tokenized texts, in order; `overloaded` at once when they
-        could not be served before `deadline` (time.monotonic())."""
-        self.backlog.admit(sum(len(ids) for ids in encoded.ids), deadline)
+        """Outputs [n, width] float32 of the tokenized texts, in order, served before `deadline`
+        (time.monotonic()) or cancelled with the caller. Admission (`backlog.check`) is the caller's."""
+        self.backlog.add(sum(len(ids) for ids in encoded.ids), len(encoded))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline)
         caller.trace = tracing.queued(self.name, len(encoded), future)
@@ -148,10 +150,12 @@ class BatchScheduler:
     def _next_batch(self) -> tuple[list[_Row], int]:
         """Take the batch that holds the oldest row out of the queue (rows in queue order, so the oldest
         first), and the row count it runs with (a declared one: dummy rows fill the rest)."""
+        self._expire_late_callers()
         queue = [row for row in self._queue if not row.caller.future.done()]
         if len(queue) < len(self._queue):
             self._metrics.queued(len(queue) - len(self._queue))
-            self.backlog.dropped(sum(row.length for row in self._queue if row.caller.future.done()))
+            gone = [row.length for row in self._queue if row.caller.future.done()]
+            self.backlog.done(sum(gone), len(gone))
         if not queue:
             self._queue = []
             return [], 0
@@ -166,6 +170,16 @@ class BatchScheduler:
         batch = [queue[i] for i in members]
         self._metrics.queued(-len(members))
         return batch, rows
+
+    def _expire_late_callers(self) -> None:
+        """Answer 504 now to queued callers that a batch could no longer serve before their deadline:
+        computing their rows would only delay the callers behind them."""
+        latest = time.monotonic() + self.backlog.call_latency_s
+        for row in self._queue:
+            future = row.caller.future
+            if not future.done() and row.caller.deadline < latest:
+                future.set_exception(GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its "
+                                                  "deadline"))
 
     def _tensors(self, batch: list[_Row], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """input_ids, attention_mask, token_type_ids of a batch, in a declared shape: dummy rows (one
@@ -187,15 +201,16 @@ class BatchScheduler:
         return ids, mask, types
 
     async def _run(self, batch: list[_Row], rows: int, tokens: int, handle: _Batch) -> None:
-        concurrency = self._in_flight  # batches sharing the step while this one runs
         start = time.perf_counter()
+        mark = self.backlog.call_started()
         try:
             ids, mask, types = self._tensors(batch, rows)
             self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=tokens, waited=start - batch[0].since)
             with tracing.batch(self.name, (row.caller.trace for row in batch), rows=len(batch), tokens=tokens,
                                padded_rows=ids.shape[0], width=ids.shape[1]):
                 outputs = await self._run_batch(ids, mask, types, max(row.caller.deadline for row in batch))
-            self.backlog.served(tokens, time.perf_counter() - start, concurrency)
+            self.backlog.observe_latency(time.perf_counter() - start)
+            self.backlog.served(tokens, len(batch), mark)
             handle.served = True
             for row, output in zip(batch, outputs):
                 caller = row.caller
@@ -210,12 +225,15 @@ class BatchScheduler:
             for row in batch:
                 if not row.caller.future.done():
                     row.caller.future.set_exception(exc)
+        finally:
+            if not handle.served:
+                self.backlog.call_ended(mark)
 
     def _batch_done(self, task: asyncio.Task[None], batch: list[_Row], tokens: int, handle: _Batch) -> None:
         self._tasks.discard(task)
         self._in_flight -= 1
         if not handle.served:  # failed or cancelled
-            self.backlog.dropped(tokens)
+            self.backlog.done(tokens, len(batch))
         for caller in {id(row.caller): row.caller for row in batch}.values():
             caller.batches.remove(handle)
         self._dispatch()
@@ -226,7 +244,7 @@ class BatchScheduler:
             if not row.caller.future.done():
                 row.caller.future.set_exception(unavailable("gateway is shutting down", type="shutting_down"))
         self._metrics.queued(-len(self._queue))
-        self.backlog.dropped(sum(row.length for row in self._queue))
+        self.backlog.done(sum(row.length for row in self._queue), len(self._queue))
         self._queue = []
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,9 +1,11 @@
 """Async Triton gRPC client of one gateway worker: discovery calls, inference, shm pools.
 
 One `tritonclient.grpc.aio` channel per worker. Every inference carries the caller's deadline,
-twice: as the gRPC deadline (the call is cancelled when it passes) and as Triton's request
-`timeout`, which the builder's queue policy honours (a request still queued when it expires
-is rejected instead of computed for nobody).
+twice: as the gRPC deadline (the call is cancelled when it passes; the python-backend models skip
+a request cancelled while it waited) and as Triton's request `timeout`, which only a queue policy
+would act on (the builder writes none by default: Triton 2.51 stalls with one, docs/contract.md).
+What keeps Triton from computing for nobody is the gateway's own admission and queues: work that
+could not be served in time is refused or dropped before it is sent (service/admission.py).
 
 Tensors go through shared-memory regions (`GATEWAY_SHM`: system, or CUDA IPC regions on the GPU;
 one pool logic for both, gateway/triton/shm_pool.py). Regions live as long as Triton uses them:

@@ -177,22 +177,28 @@ async def test_batches_keep_to_declared_shapes() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_caller_that_cannot_be_served_in_time_is_refused_at_once() -> None:
+async def test_only_the_work_ahead_refuses_a_caller_never_its_own_size() -> None:
     step, scheduler = held_scheduler()
-    scheduler.backlog.per_s = 100.0  # as if measured: 100 tokens a second
-    running = asyncio.create_task(scheduler.submit(encoded(50), later()))  # 0.5 s of work ahead
+    backlog = scheduler.backlog
+    backlog.check(later(0.01))  # nothing measured yet: everything is admitted
+    for tokens, seconds in ((10, 0.1), (100, 1.0)):  # as if measured: 10 ms a token, no fixed cost
+        backlog.service.observe(tokens, seconds)
+    backlog.check(later(0.01))  # idle: admitted, however large it is and however little time it has
+    running = asyncio.create_task(scheduler.submit(encoded(50), later()))  # 0.5 s of work ahead from now
     await asyncio.sleep(0)
-    started = time.monotonic()
     with pytest.raises(GatewayError) as refused:
-        await scheduler.submit(encoded(40), later(0.6))  # 0.9 s of work, 0.6 s to go
-    assert refused.value.kind is ErrorKind.OVERLOADED and refused.value.retry_after_s is not None
-    assert time.monotonic() - started < 0.05 and scheduler.queued == 0  # nothing was queued for it
-    admitted = asyncio.create_task(scheduler.submit(encoded(10), later(5)))
+        backlog.check(later(0.6))  # 0.5 s ahead is over 80% of 0.6 s
+    assert refused.value.kind is ErrorKind.OVERLOADED and backlog.shedding
+    assert refused.value.retry_after_s == pytest.approx(0.5)  # when the work ahead should be done
+    assert scheduler.queued == 0  # nothing was queued for it
+    backlog.check(later(5))  # the same work ahead, time enough to wait for it: admitted
+    assert not backlog.shedding
+    admitted = asyncio.create_task(scheduler.submit(encoded(*[10] * 40), later(5)))
     await asyncio.sleep(0)
-    assert scheduler.queued == 1
+    assert scheduler.queued == 40 and backlog.pending == 50 + 400 and backlog.pending_rows == 41
     step.gate.set()
-    assert (await running)[:, 1].tolist() == [50] and (await admitted)[:, 1].tolist() == [10]
-    assert scheduler.backlog.per_s != 100.0 and scheduler.backlog.pending == 0  # measured from the batches
+    assert (await running)[:, 1].tolist() == [50] and (await admitted)[:, 1].tolist() == [10] * 40
+    assert backlog.pending == 0 and backlog.pending_rows == 0 and backlog.service.calls == 4  # learned from both batches
 
 
 @pytest.mark.anyio

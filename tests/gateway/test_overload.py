@@ -1,8 +1,13 @@
-"""Overload and abandoned calls against real parts: a tritonserver, a gateway process, real shm.
+"""Admission, overload and abandoned calls against real parts: a tritonserver, gateways, real shm.
 
-- An overload storm on a model heavy enough that Triton falls behind: goodput stays near the
-  capacity measured first, no caller ever gets another caller's answer, and a request right
-  after the storm is answered within seconds (loadtest/storm.py measures; this test judges).
+- Admission (service/admission.py) on a model heavy enough to take its time on this CPU: an idle
+  stack admits a large request after single-text traffic, and a burst of short requests; a
+  refused client that waits what Retry-After says is served; the learned cost of a call
+  predicts the next call's time after a few batched calls.
+- An overload storm, with clients that honour Retry-After and with clients that retry at once:
+  goodput stays near the capacity measured first, no caller ever gets another caller's
+  answer, and a request right after the storm is answered within seconds (loadtest/storm.py
+  measures; this test judges).
 - A call the gateway abandons (its deadline passed) keeps its shared-memory region out of use
   until Triton has finished with it, and the region comes back registered afterwards.
 """
@@ -24,7 +29,7 @@ from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
 from loadtest.corpus import fixed_length_corpus
 from loadtest.models import make_bert
-from loadtest.storm import StormReport, StormSettings, run_storm, triton_embedding
+from loadtest.storm import Retry, StormReport, StormSettings, run_storm_sync, triton_embedding
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.gateway.conftest import running_gateway
 
@@ -51,40 +56,118 @@ def storm_triton(storm_repository: Path, tmp_path_factory: pytest.TempPathFactor
         yield server
 
 
-def storm(triton: TritonServer, repository: Path, tmp_path: Path, seconds: float, **gateway: str) -> StormReport:
+def storm(triton: TritonServer, repository: Path, tmp_path: Path, seconds: float, retry: Retry = "honour",
+          **gateway: str) -> StormReport:
     texts = fixed_length_corpus(24, size=96)
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     reference = {t: triton_embedding(client, f"{MODEL}_onnx_ensemble", t) for t in texts}
     settings = {"repository": str(repository), **STORM_GATEWAY, **gateway}
     with GatewayProcess(triton_url=triton.grpc_url, settings=settings, log_path=tmp_path / "gateway.log") as proc:
-        report = asyncio.run(run_storm(proc.url, reference, StormSettings(model=MODEL, storm_s=seconds), log=print))
+        report = run_storm_sync(proc.url, reference, StormSettings(model=MODEL, storm_s=seconds, retry=retry),
+                                log=print)
     print(json.dumps(report.summary()))
     return report
 
 
-def judge(report: StormReport) -> None:
+def judge(report: StormReport, min_ratio: float) -> None:
     s = report.storm
-    answered = sum(s.statuses.values())
     assert report.capacity.correct > 0 and report.capacity.wrong == 0
     assert s.wrong == 0, "a caller got another caller's answer"
-    assert report.goodput_ratio >= 0.8, report.summary()
+    assert report.goodput_ratio >= min_ratio, report.summary()
     assert report.recovery_s <= 3.0, report.summary()
     assert set(s.statuses) <= {200, 429, 503, 504}, s.statuses  # shed with 429/503, never a 500 or 502
-    assert s.statuses[504] <= 0.02 * answered, s.statuses  # admitted work finishes within its deadline
+    assert s.statuses[504] <= 0.02 * s.answered, s.statuses  # admitted work finishes within its deadline
 
 
+# Generous floors for a loaded 2-core CI machine; loadtest/results/ holds what the harness measures.
+@pytest.mark.parametrize(("retry", "min_ratio"), [("honour", 0.8), ("ignore", 0.6)])
 def test_overload_storm_keeps_goodput_and_recovers_at_once(
-    storm_triton: TritonServer, storm_repository: Path, tmp_path: Path
+    storm_triton: TritonServer, storm_repository: Path, tmp_path: Path, retry: Retry, min_ratio: float
 ) -> None:
-    judge(storm(storm_triton, storm_repository, tmp_path, seconds=8))
+    judge(storm(storm_triton, storm_repository, tmp_path, seconds=8, retry=retry), min_ratio)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("retry", ["honour", "ignore"])
 @pytest.mark.parametrize("pipeline", ["scheduler", "ensemble"])
 def test_overload_storm_twenty_seconds(
-    storm_triton: TritonServer, storm_repository: Path, tmp_path: Path, pipeline: str
+    storm_triton: TritonServer, storm_repository: Path, tmp_path: Path, pipeline: str, retry: Retry
 ) -> None:
-    judge(storm(storm_triton, storm_repository, tmp_path, seconds=20, pipeline=pipeline))
+    judge(storm(storm_triton, storm_repository, tmp_path, seconds=20, retry=retry, pipeline=pipeline),
+          0.9 if retry == "honour" else 0.7)
+
+
+def embed_body(texts: list[str]) -> dict[str, object]:
+    return {"model": MODEL, "inputs": texts, "normalize": False}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pipeline", ["scheduler", "ensemble"])
+async def test_an_idle_stack_admits_a_large_request_after_single_texts_and_a_burst(
+    storm_triton: TritonServer, storm_repository: Path, pipeline: str
+) -> None:
+    texts = fixed_length_corpus(24, size=512)
+    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository), pipeline=pipeline) as (
+        app, client,
+    ):
+        for text in texts[:10]:  # single texts: a call's time is mostly its fixed cost
+            assert (await client.post("/embed", json=embed_body([text]))).status_code == 200
+        large = await client.post("/embed", json=embed_body(texts))  # ~16k tokens, nothing ahead of it
+        assert large.status_code == 200, large.text
+        assert len(large.json()["embeddings"]) == len(texts)
+        burst = await asyncio.gather(*(client.post("/embed", json=embed_body([t])) for t in texts[:64]))
+        assert [r.status_code for r in burst] == [200] * 64
+        model = app.state.runtime.registry.resolve(MODEL, "embed")
+        backlog = app.state.runtime.inference.backlog_of(model)
+        assert backlog.pending == 0 and backlog.service.calls > 0 and not backlog.shedding
+
+
+@pytest.mark.anyio
+async def test_a_client_that_waits_what_retry_after_says_is_served(
+    storm_triton: TritonServer, storm_repository: Path
+) -> None:
+    texts = fixed_length_corpus(24, size=512)
+    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository), max_queue_wait_s=0.3,
+                               max_batches_in_flight=1) as (app, client):
+        load = asyncio.create_task(client.post("/embed", json=embed_body(texts)))  # 16 batches of 32
+        refused = None
+        while refused is None and not load.done():  # until the cost is learned and the work ahead is too long
+            answer = await client.post("/embed", json=embed_body(texts[:1]))
+            if answer.status_code == 503:
+                refused = answer
+        assert refused is not None, "the work ahead never refused a request"
+        assert refused.json()["error"]["type"] == "overloaded"
+        retry_after = int(refused.headers["retry-after"])
+        assert 1 <= retry_after <= 30
+        for _ in range(3):  # a client that follows Retry-After, as the openai client does
+            await asyncio.sleep(retry_after)  # the client's own wait, which the header tells it
+            answer = await client.post("/embed", json=embed_body(texts[:1]))
+            if answer.status_code != 503:
+                break
+            retry_after = int(answer.headers["retry-after"])
+        assert answer.status_code == 200, answer.text
+        assert (await load).status_code == 200
+        assert (await client.post("/embed", json=embed_body(texts))).status_code == 200  # idle again: any size
+
+
+@pytest.mark.anyio
+async def test_the_cost_of_a_call_is_learned_within_a_few_batched_calls(
+    storm_triton: TritonServer, storm_repository: Path
+) -> None:
+    texts = fixed_length_corpus(24, size=64)
+    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository)) as (app, client):
+        model = app.state.runtime.registry.resolve(MODEL, "embed")
+        for size in (1, 32, 4, 16, 1, 32):  # one call each (the step's batches hold up to 32 texts)
+            assert (await client.post("/embed", json=embed_body(texts[:size]))).status_code == 200
+        backlog = app.state.runtime.inference.backlog_of(model)
+        per_call, per_token = backlog.service.coefficients()
+        assert per_call >= 0 and per_token > 0
+        tokens = int(app.state.runtime.inference.encoder_for(model).encode(texts[32:56]).num_tokens.sum())
+        started = time.perf_counter()
+        assert (await client.post("/embed", json=embed_body(texts[32:56]))).status_code == 200
+        measured = time.perf_counter() - started
+        predicted = backlog.service.seconds(tokens, 1)
+        assert measured / 3 <= predicted <= measured * 3, (predicted, measured, per_call, per_token)
 
 
 @pytest.mark.anyio
