@@ -37,6 +37,15 @@ ATTENTION_MASK = "attention_mask"
 TOKEN_TYPE_IDS = "token_type_ids"
 TOKEN_INPUTS: tuple[str, str, str] = (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS)
 NUM_TOKENS = "num_tokens"
+# The packed layout (docs/contract.md "Packed model steps"): a request to a step whose config says
+# `layout: packed` may carry its rows back to back, with no padding: input_ids and token_type_ids
+# [1, total tokens] and CU_SEQLENS [1, rows + 1] (0, end of row 0, ..., total tokens; every row at
+# least one token), and gets its output rows [rows, width]. Padded requests ([rows, width] ids and
+# attention_mask, as the ensembles send them) are served by the same step.
+CU_SEQLENS = "cu_seqlens"
+MAX_SEQLEN = "max_seqlen"  # input [1] int32 of a packed graph: at least the longest row (the runner fills it)
+Layout = Literal["padded", "packed"]
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings", "rerank": "logits"}
 # Request parameter of an ensemble call that the tokenizer reads (Triton forwards an ensemble's
 # request parameters to its steps): `right` (default) or `left`.
@@ -78,6 +87,7 @@ class Param:
     BATCH_WIDTHS = "batch_widths"  # the padded widths batches take (contract/batching.py), comma list
     BATCH_ROWS = "batch_rows"  # the row counts batches take, comma list
     INTRA_OP_THREADS = "intra_op_num_threads"
+    LAYOUT = "layout"  # a Layout: "packed" = the step also takes packed requests (absent = "padded")
 
 
 def output_name(task: Task) -> str:
