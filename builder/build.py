@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from builder import configs, tensorrt_engine
@@ -29,8 +30,9 @@ from builder.manifest import (
     read_manifest,
     write_manifest,
 )
-from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
-from builder.parity import ParityResult, compare, parity_inputs, torch_reference
+from builder.optimize import FUSED_OPS, onnx_op_counts, optimize_for_onnxruntime, publish_onnx, save_onnx
+from builder.packing import PACKED_FAMILIES, PackingError, cpu_form, packed_model, position_offset
+from builder.parity import ParityResult, compare, packed_parity_inputs, parity_inputs, torch_reference
 from builder.publish import publish, staging_directory
 from builder.settings import (
     BuildRequest,
@@ -55,8 +57,10 @@ from builder.versions import next_version, stage_version
 from contract import (
     BATCHING_MODULE,
     LABELS_FILE,
+    PACKING_MODULE,
     TOKENIZATION_MODULE,
     TOKENIZER_FILE,
+    Layout,
     OnnxAccelerator,
     entry_names,
 )
@@ -247,6 +251,8 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     onnx_optimize = request.onnx_optimize
     if onnx_optimize is None:
         onnx_optimize = accelerator != "tensorrt" or request.onnx_precision == "fp16"
+    layout = resolve_layout(request, source, formats, onnx_optimize)
+    merge_buckets = merge_buckets or layout == "packed"  # a packed step's inputs are ragged: any shapes merge
     precision = request.onnx_precision or ("fp16" if gpu and onnx_optimize and accelerator != "tensorrt" else "fp32")
     widths = sorted(set(request.batch_widths)) if request.batch_widths is not None else (
         list(default_widths(max_seq_len)) if gpu else [])
@@ -276,7 +282,22 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         default_prompt_name=task_settings.default_prompt_name, matryoshka_dims=task_settings.matryoshka_dims,
         score_label=task_settings.score_label, warmup=request.warmup, onnx_accelerator=accelerator,
         onnx_trt_cache=request.onnx_trt_cache if accelerator == "tensorrt" else "",
+        layout=layout,
     )
+
+
+def resolve_layout(request: BuildRequest, source: ModelSource, formats: list[Format], onnx_optimize: bool) -> Layout:
+    """--layout; by default packed for a python-runtime GPU onnx step of a family the rewrite knows
+    (builder/packing.py), else padded (check_options refused the impossible combinations)."""
+    family = source.config.model_type
+    if request.layout == "packed" and family not in PACKED_FAMILIES:
+        raise BuildError(f"{request.name}: --layout packed supports the {', '.join(sorted(PACKED_FAMILIES))} model "
+                         f"families; {request.model!r} is {family!r}: build it with --layout padded")
+    if request.layout is not None:
+        return request.layout
+    packable = (request.runtime == "python" and request.device == "gpu" and "onnx" in formats and onnx_optimize
+                and request.merge_buckets is not False and family in PACKED_FAMILIES)
+    return "packed" if packable else "padded"
 
 
 def resolve_accelerator(request: BuildRequest) -> OnnxAccelerator:
@@ -292,6 +313,10 @@ def plan(request: BuildRequest, notices: list[str]) -> PlannedBuild:
     source = resolve_source(request.model, request.revision)
     formats = resolve_formats(request, notices.append)
     settings = resolve_settings(request, source, formats)
+    if (request.layout is None and settings.layout == "padded" and request.runtime == "python"
+            and request.device == "gpu" and source.config.model_type not in PACKED_FAMILIES):
+        notices.append(f"notice: {settings.name}: {source.config.model_type!r} models keep the padded layout (the "
+                       f"packed rewrite knows {', '.join(sorted(PACKED_FAMILIES))})")
     if settings.task == "classify" and not has_classification_head(source.config):
         notices.append(f"notice: {settings.name}: {settings.model!r} has no trained classification head; "
                        f"its {len(settings.labels or [])}-label head is randomly initialised (seed 0)")
@@ -338,6 +363,41 @@ def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], output: str, device
     return np.asarray(session.run([output], inputs)[0])
 
 
+def _pack_graph(planned: PlannedBuild, path: Path, config: object, log: Log) -> None:
+    """Rewrite the optimized graph at `path` into the packed layout's (builder/packing.py): the GPU form on GPU
+    builds, the CPU form on CPU builds. A graph the rewrite does not know is a build error."""
+    s = planned.settings
+    form = "gpu" if s.device == "gpu" else "cpu"
+    with _step(log, f"{s.name}: rewriting the graph into the packed layout ({form} form)"):
+        try:
+            model = packed_model(onnx.load(str(path)), task=s.task, pooling=s.pooling,
+                                 num_heads=int(getattr(config, "num_attention_heads", 0) or 0),
+                                 hidden_size=int(getattr(config, "hidden_size", 0) or 0),
+                                 offset=position_offset(str(getattr(config, "model_type", "")),
+                                                        getattr(config, "pad_token_id", None)), form=form)
+        except PackingError as exc:
+            raise BuildError(f"{s.name}: the packed layout cannot be built for this graph ({exc}); build it with "
+                             "--layout padded") from None
+        save_onnx(model, path)
+
+
+def _packed_outputs(path: Path, inputs: dict[str, np.ndarray], output: str, device: str, work: Path
+                    ) -> tuple[np.ndarray, str]:
+    """The published packed graph's outputs on the parity inputs (packed on the host), and where it ran: on the
+    GPU where built for one and onnxruntime-gpu is installed; else a GPU form runs as its CPU form (the same
+    graph but attention: builder/packing.py), which onnxruntime's CPU provider can run."""
+    feed = packed_parity_inputs(inputs)
+    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        return np.asarray(session.run([output], feed)[0]), "CUDAExecutionProvider"
+    ran_on = "CPUExecutionProvider"
+    if device == "gpu":
+        save_onnx(cpu_form(onnx.load(str(path))), work / "cpu_form.onnx")
+        path, ran_on = work / "cpu_form.onnx", "CPUExecutionProvider (the GPU form's CPU form: no CUDA here)"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run([output], feed)[0]), ran_on
+
+
 def _check(result: ParityResult, planned: PlannedBuild, log: Log) -> None:
     log(f"parity {planned.settings.name} {result.summary()}")
     if not result.passed:
@@ -379,7 +439,8 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                 hidden = int(getattr(config, "hidden_size", 0) or 0)
                 with _step(log, f"{s.name}: optimizing the ONNX graph ({s.onnx_precision})"):
                     facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden,
-                                                               float16=s.onnx_precision == "fp16")
+                                                               float16=s.onnx_precision == "fp16",
+                                                               multi_head_attention=s.layout == "packed")
                 facts.optimized = True
                 facts.precision = s.onnx_precision
                 log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops} ({facts.precision})")
@@ -388,14 +449,29 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                         "the model runs with unfused attention (onnxruntime 1.31 fuses it on BERT exports of transformers 5)")
             except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if s.layout == "packed":
+                    raise BuildError(f"{s.name}: onnxruntime's transformer optimizer failed ({reason}); the packed "
+                                     "layout needs its fused attention: build it with --layout padded") from None
                 log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({reason}); publishing the plain export")
         if not facts.optimized:
             publish_onnx(raw_path, onnx_path)
+        if s.layout == "packed":
+            _pack_graph(planned, onnx_path, config, log)
+            facts.layout = "packed"
+            facts.packed_form = "gpu" if s.device == "gpu" else "cpu"
+            counts = onnx_op_counts(onnx_path)
+            facts.fused_ops = {op: counts[op] for op in FUSED_OPS if op in counts}
+            log(f"{s.name}: packed graph ({facts.packed_form} form): {facts.fused_ops}")
         facts.ops = onnx_op_counts(onnx_path)
         artifact = "onnx_fp16" if facts.precision == "fp16" else "onnx"
         with _step(log, f"{s.name}: running {artifact} for the parity check"):
-            outputs = _onnx_outputs(onnx_path, inputs, s.output_name, s.device)
+            if s.layout == "packed":
+                outputs, ran_on = _packed_outputs(onnx_path, inputs, s.output_name, s.device, raw_path.parent)
+            else:
+                outputs, ran_on = _onnx_outputs(onnx_path, inputs, s.output_name, s.device), ""
         results.append(compare(artifact, s.task, reference, outputs, s.max_seq_len))
+        if s.layout == "packed":
+            results[-1] = results[-1].model_copy(update={"layout": "packed", "ran_on": ran_on})
         if not s.skip_parity:
             _check(results[-1], planned, log)
         configs.write_step_config(onnx_dir, configs.onnx_config(s, width, facts.precision, planned.fingerprint), s,
@@ -403,8 +479,9 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
             _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")
-            module = resources.files("contract").joinpath(BATCHING_MODULE).read_text()
-            (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
+            _copy_model_py("packed_runner", onnx_dir / "1" / "packed_runner.py")
+            for module in (BATCHING_MODULE, PACKING_MODULE):
+                (onnx_dir / "1" / module).write_text(resources.files("contract").joinpath(module).read_text())
     if "trt" in entries:
         trt_dir = staging / entries["trt"]
         configs.write_step_config(trt_dir, configs.trt_config(s, width), s, warmup_ids)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from contract import OnnxAccelerator, Task, output_name
+from contract import Layout, OnnxAccelerator, Task, output_name
 
 Format = Literal["onnx", "trt"]
 Device = Literal["gpu", "cpu"]
@@ -132,6 +132,13 @@ class BuildRequest(BaseModel):
         "batching); the runner sorts the merged rows by length and pads each sub-batch to its own longest. "
         "Default: on for --runtime python --device gpu",
     )
+    layout: Layout | None = Field(
+        default=None,
+        description="the onnx model step's layout (docs/contract.md): packed = its graph computes real tokens only "
+        "(rows back to back, cu_seqlens) and it takes packed requests as well as padded ones; padded = rows padded "
+        "to a width. Default: packed with --runtime python --device gpu for BERT/RoBERTa/XLM-R models, else padded. "
+        "--runtime python only; TensorRT steps stay padded",
+    )
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
     trt_workspace_mib: int = Field(default=4096, gt=0)
     trt_timing_cache: str | None = None
@@ -190,6 +197,7 @@ class ResolvedSettings(BaseModel):
     warmup: bool = True  # model_warmup samples in the tokenizer's and model steps' configs
     onnx_accelerator: OnnxAccelerator = "none"  # onnx step, native runtime: builder/accelerators.py
     onnx_trt_cache: str = ""  # engine cache directory of onnx_accelerator tensorrt ("" otherwise)
+    layout: Layout = "padded"  # the onnx step's layout (builder/packing.py); TensorRT steps are always padded
 
     @property
     def output_name(self) -> str:

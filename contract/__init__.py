@@ -55,6 +55,7 @@ TRUNCATION_PARAMETER = "truncation_direction"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZATION_MODULE = "tokenization.py"  # contract/tokenization.py, copied next to the tokenizer's model.py
 BATCHING_MODULE = "batching.py"  # contract/batching.py, copied next to the python runner's model.py
+PACKING_MODULE = "packing.py"  # contract/packing.py, copied next to the python runner's model.py
 LABELS_FILE = "labels.txt"
 
 

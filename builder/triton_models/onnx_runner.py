@@ -11,6 +11,9 @@ A batch the gateway formed (one request, already of a declared shape) runs as it
 `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's dynamic batcher merges requests
 of any width into one execute() call.
 
+A `layout: packed` step (docs/contract.md) runs packed_runner.py instead: its graph computes real
+tokens only, and it takes packed requests (cu_seqlens) as well as padded ones.
+
 A KIND_GPU instance runs on onnxruntime's CUDA execution provider or fails to load (never on the
 CPU quietly); a KIND_CPU instance on the CPU provider. Inputs and outputs stay int32 / float32
 whatever the graph computes in. Requests cancelled while they waited are not run (SkipCancelled).
@@ -29,6 +32,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching import Shapes, parse_sizes, plan_batches
 from cancellation import SkipCancelled
+from packed_runner import PackedSteps
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # What one more onnxruntime call costs, in tokens of compute (contract/batching.py): on a GPU
@@ -70,8 +74,14 @@ class TritonPythonModel:
         self.call_cost_tokens = CALL_COST_TOKENS[kind]
         self.widths = parse_sizes(parameters.get("batch_widths", {}).get("string_value", ""))
         self.rows = parse_sizes(parameters.get("batch_rows", {}).get("string_value", ""))
-        warmed = self._warm_up()
-        self._execute = SkipCancelled(self._infer)
+        if parameters.get("layout", {}).get("string_value", "padded") == "packed":
+            max_seq_len = int(parameters.get("max_seq_len", {}).get("string_value", "0") or 0) or None
+            packed = PackedSteps(self.session, self.output, self.max_tokens, max_seq_len)
+            warmed = packed.warm_up(gpu=kind == "GPU")
+            self._execute = SkipCancelled(packed)
+        else:
+            warmed = self._warm_up()
+            self._execute = SkipCancelled(self._infer)
         pb_utils.Logger.log_info(f"{args['model_name']}: onnxruntime {ort.__version__} on {self.session.get_providers()}, "
                                  f"{warmed}")
 

@@ -1,0 +1,110 @@
+"""The python runner of a `layout: packed` model step (docs/contract.md "Packed model steps").
+
+Its graph (builder/packing.py) takes rows back to back: input_ids and token_type_ids [T], cu_seqlens
+[rows + 1], max_seqlen [1]. One execute() call may hold requests of both kinds:
+- padded ([rows, width] input_ids, attention_mask, token_type_ids; the ensembles send these): packed
+  here on the host from the attention mask;
+- packed (input_ids, token_type_ids [1, T]; cu_seqlens [1, rows + 1]; the gateway's scheduler).
+Each request is checked on its own first (packing.py, the repository copy of contract/packing.py):
+one that breaks the contract gets an error response naming what is wrong, before anything runs, and
+the others still run. The rows of every valid request are merged in arrival order and cut into runs
+of at most `max_batch_tokens` real tokens (no padding, so no sorting by length); each run gets its
+own max_seqlen; the output rows go back to their requests, [rows, out] each.
+"""
+
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from packing import PackedRows, PackingError, concat, cu_seqlens_of, cut_runs, pack_padded, packed_request
+
+INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS = "input_ids", "attention_mask", "token_type_ids", "cu_seqlens"
+WARMUP_SHORT_TOKENS = 16
+MAX_ERROR_CHARS = 500
+
+
+def _error_response(message, code="INVALID_ARG"):
+    """An error response; the TritonError codes exist from Triton 23.x on and are looked up when the stub runs."""
+    value = getattr(pb_utils.TritonError, code, None)
+    message = message[:MAX_ERROR_CHARS]
+    error = pb_utils.TritonError(message) if value is None else pb_utils.TritonError(message, value)
+    return pb_utils.InferenceResponse(error=error)
+
+
+def _tensor(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+class PackedSteps:
+    """execute(requests) -> responses for a packed graph run by one onnxruntime session."""
+
+    def __init__(self, session, output, max_tokens, max_seq_len=None):
+        self.session, self.output = session, output
+        self.max_tokens, self.max_seq_len = max_tokens, max_seq_len
+
+    def rows_of(self, request):
+        """The request's rows in the packed layout, or PackingError."""
+        ids, mask, types, cu = (_tensor(request, n) for n in (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS))
+        if (mask is None) == (cu is None):
+            raise PackingError("a request carries exactly one of attention_mask (padded rows) and cu_seqlens "
+                               "(packed rows)")
+        if cu is not None:
+            return packed_request(ids, types, cu, self.max_seq_len)
+        return pack_padded(ids, mask, types, self.max_seq_len)
+
+    def __call__(self, requests):
+        responses = [None] * len(requests)
+        parts, owners = [], []
+        for index, request in enumerate(requests):
+            try:
+                rows = self.rows_of(request)
+            except PackingError as exc:
+                responses[index] = _error_response(str(exc))
+                continue
+            parts.append(rows)
+            owners.append(index)
+        if not parts:
+            return responses
+        batch = concat(parts)
+        owner_of_row = np.repeat(np.arange(len(parts)), [p.rows for p in parts])
+        merged, failed = None, {}
+        for start, stop in cut_runs(batch.lengths, self.max_tokens):
+            try:
+                out = self.session.run([self.output], batch.slice_rows(start, stop).feed())[0]
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                for part in set(owner_of_row[start:stop].tolist()):
+                    failed.setdefault(part, f"onnxruntime failed on the rows of this request: {reason}")
+                continue
+            if merged is None:
+                merged = np.empty((batch.rows, *out.shape[1:]), np.float32)
+            merged[start:stop] = out
+        first = 0
+        for part, (index, rows) in enumerate(zip(owners, parts)):
+            if part in failed:
+                responses[index] = _error_response(failed[part], "INTERNAL")
+            else:
+                out = np.ascontiguousarray(merged[first:first + rows.rows])
+                responses[index] = pb_utils.InferenceResponse([pb_utils.Tensor(self.output, out)])
+            first += rows.rows
+        return responses
+
+    def warm_up(self, gpu):
+        """Run a few token counts once, bounded by the token budget: a short row; on a GPU also the budget in rows
+        of max_seq_len (the largest attention) and in short rows (the largest mean-pooling matrix). Unlike padded
+        shapes, a new token count costs the packed graph little on the CUDA provider (measured in
+        loadtest/packed_step.py), so these allocate memory rather than cover every shape."""
+        longest = self.max_seq_len or WARMUP_SHORT_TOKENS
+        sizes = [(1, min(WARMUP_SHORT_TOKENS, longest))]
+        if gpu:
+            sizes += [(max(1, self.max_tokens // longest), longest),
+                      (max(1, self.max_tokens // WARMUP_SHORT_TOKENS), min(WARMUP_SHORT_TOKENS, longest))]
+        start = time.perf_counter()
+        for rows, length in sizes:
+            tokens = rows * length
+            ids = np.zeros(tokens, np.int32)  # id 0 exists in every vocabulary
+            feed = PackedRows(ids, np.zeros_like(ids), cu_seqlens_of([length] * rows))
+            for first, stop in cut_runs(feed.lengths, self.max_tokens):
+                self.session.run([self.output], feed.slice_rows(first, stop).feed())
+        return f"packed layout, {len(sizes)} warm-up runs in {time.perf_counter() - start:.1f}s"
