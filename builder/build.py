@@ -479,9 +479,12 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
             _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")
-            _copy_model_py("packed_runner", onnx_dir / "1" / "packed_runner.py")
-            for module in (BATCHING_MODULE, PACKING_MODULE):
-                (onnx_dir / "1" / module).write_text(resources.files("contract").joinpath(module).read_text())
+            module = resources.files("contract").joinpath(BATCHING_MODULE).read_text()
+            (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
+            if s.layout == "packed":  # the runner's packed path and the layout's rules (contract/packing.py)
+                _copy_model_py("packed_runner", onnx_dir / "1" / "packed_runner.py")
+                module = resources.files("contract").joinpath(PACKING_MODULE).read_text()
+                (onnx_dir / "1" / PACKING_MODULE).write_text(module)
     if "trt" in entries:
         trt_dir = staging / entries["trt"]
         configs.write_step_config(trt_dir, configs.trt_config(s, width), s, warmup_ids)

@@ -32,7 +32,6 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching import Shapes, parse_sizes, plan_batches
 from cancellation import SkipCancelled
-from packed_runner import PackedSteps
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # What one more onnxruntime call costs, in tokens of compute (contract/batching.py): on a GPU
@@ -75,6 +74,8 @@ class TritonPythonModel:
         self.widths = parse_sizes(parameters.get("batch_widths", {}).get("string_value", ""))
         self.rows = parse_sizes(parameters.get("batch_rows", {}).get("string_value", ""))
         if parameters.get("layout", {}).get("string_value", "padded") == "packed":
+            from packed_runner import PackedSteps  # copied next to this file for packed steps only
+
             max_seq_len = int(parameters.get("max_seq_len", {}).get("string_value", "0") or 0) or None
             packed = PackedSteps(self.session, self.output, self.max_tokens, max_seq_len)
             warmed = packed.warm_up(gpu=kind == "GPU")
