@@ -48,8 +48,13 @@ from builder.graph_edit import (
 from contract import CU_SEQLENS, INPUT_IDS, MAX_SEQLEN, TOKEN_TYPE_IDS
 
 PackedForm = Literal["gpu", "cpu"]
-GPU_ATTENTION = "PackedMultiHeadAttention"
+GPU_ATTENTION = "PackedMultiHeadAttention"  # what the builder ships (FlashAttention varlen on SM90)
 CPU_ATTENTION = "MultiHeadAttention"
+# fused attention -> its packed op (packing mode) -> where that op reads token_offset. The builder fuses
+# MultiHeadAttention; the Attention form (PackedAttention: one QKV GEMM, TensorRT fused kernels on SM 70-89,
+# CUTLASS memory-efficient attention on SM90) is kept for loadtest/packed_step.py's comparison.
+PACKED_OPS = {"MultiHeadAttention": "PackedMultiHeadAttention", "Attention": "PackedAttention"}
+_TOKEN_OFFSET_INPUT = {"PackedMultiHeadAttention": 4, "PackedAttention": 3}
 # Model families whose optimized graph the rewrite knows (fused or unfused BERT/RoBERTa embeddings, a head
 # that starts with hidden[:, 0]); tested on BERT and RoBERTa. Others keep the padded layout.
 PACKED_FAMILIES = frozenset({"bert", "roberta", "xlm-roberta", "camembert"})
@@ -69,7 +74,7 @@ def position_offset(model_type: str, pad_token_id: int | None) -> int:
 
 def packed_model(optimized: onnx.ModelProto, *, task: str, pooling: str | None, num_heads: int, hidden_size: int,
                  offset: int = 0, form: PackedForm = "gpu") -> onnx.ModelProto:
-    """The packed graph (GPU or CPU form) of a MultiHeadAttention-fused, optimized graph."""
+    """The packed graph (GPU or CPU form) of an optimized graph with fused MultiHeadAttention (or Attention)."""
     packed = truly_packed(ort_packing_mode(optimized, num_heads, hidden_size), task=task, pooling=pooling,
                           offset=offset)
     return packed if form == "gpu" else cpu_form(packed)
@@ -81,14 +86,16 @@ def ort_packing_mode(optimized: onnx.ModelProto, num_heads: int, hidden_size: in
 
     model = onnx.ModelProto.FromString(optimized.SerializeToString())
     ensure_opset(model)
-    fused = sum(n.op_type == CPU_ATTENTION for n in model.graph.node)
-    if not fused:
-        raise PackingError("the optimized graph has no fused MultiHeadAttention to pack")
+    ops = {n.op_type for n in model.graph.node} & set(PACKED_OPS)
+    if len(ops) != 1:
+        raise PackingError(f"the optimized graph has no fused MultiHeadAttention to pack (fused: {sorted(ops)})")
+    (fused_op,) = ops
+    fused = sum(n.op_type == fused_op for n in model.graph.node)
     bert = BertOnnxModel(model, num_heads, hidden_size)
     bert.convert_to_packing_mode(use_symbolic_shape_infer=False)  # its shapes are cleared by the rewrite anyway
-    packed = sum(n.op_type == GPU_ATTENTION for n in bert.model.graph.node)
+    packed = sum(n.op_type == PACKED_OPS[fused_op] for n in bert.model.graph.node)
     if packed != fused:  # the tool returns quietly on graphs it does not support
-        raise PackingError(f"onnxruntime's packing mode converted {packed} of {fused} MultiHeadAttention nodes")
+        raise PackingError(f"onnxruntime's packing mode converted {packed} of {fused} {fused_op} nodes")
     return bert.model
 
 
@@ -285,17 +292,18 @@ def _repoint_head(g: onnx.GraphProto, restored: str, packed_hidden: str, starts:
 
 
 def cpu_form(packed: onnx.ModelProto) -> onnx.ModelProto:
-    """The CPU form of a packed graph (a copy): each PackedMultiHeadAttention runs as the CPU MultiHeadAttention op
-    on its layer's tokens scattered into [B, max_seqlen] rows (token_offset), masked, then gathered back."""
+    """The CPU form of a packed graph (a copy): each PackedMultiHeadAttention (PackedAttention) runs as the CPU
+    MultiHeadAttention (Attention) op on its layer's tokens scattered into [B, max_seqlen] rows (token_offset),
+    masked, then gathered back."""
     model = onnx.ModelProto.FromString(packed.SerializeToString())
     g = model.graph
-    nodes = [n for n in g.node if n.op_type == GPU_ATTENTION]
+    nodes = [n for n in g.node if n.op_type in _TOKEN_OFFSET_INPUT]
     if not nodes:
-        raise PackingError(f"no {GPU_ATTENTION} node to replace")
+        raise PackingError(f"no {' or '.join(_TOKEN_OFFSET_INPUT)} node to replace")
     w = NodeWriter(g, "cpu_form/")
     zero, last = w.const("zero", [0], np.int64), w.const("last", [-1], np.int64)
     axis0, axis1 = w.const("axis0", [0], np.int64), w.const("axis1", [1], np.int64)
-    token_offset = nodes[0].input[4]
+    token_offset = nodes[0].input[_TOKEN_OFFSET_INPUT[nodes[0].op_type]]
     offset_1d = w.op("Reshape", [token_offset, last])
     slots_shape = w.op("Shape", [token_offset])  # [B, S]
     total = w.op("Shape", [INPUT_IDS])  # [1] int64
@@ -322,9 +330,13 @@ def cpu_form(packed: onnx.ModelProto) -> onnx.ModelProto:
                                 w.op("Concat", [slots_shape, width], axis=0)])
 
     for node in nodes:
-        q, k, v, bias = node.input[:4]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        rows = w.op(CPU_ATTENTION, [to_rows(q), to_rows(k), to_rows(v), bias, mask], domain=MS_DOMAIN, **attrs)
+        if node.op_type == "PackedAttention":
+            x, weights, bias = node.input[:3]
+            rows = w.op("Attention", [to_rows(x), weights, bias, mask], domain=MS_DOMAIN, **attrs)
+        else:
+            q, k, v, bias = node.input[:4]
+            rows = w.op(CPU_ATTENTION, [to_rows(q), to_rows(k), to_rows(v), bias, mask], domain=MS_DOMAIN, **attrs)
         depth = w.op("Slice", [w.op("Shape", [rows]), w.const("d0", [2], np.int64), w.const("d1", [3], np.int64),
                                axis0])
         flat = w.op("Reshape", [rows, w.op("Concat", [last, depth], axis=0)])
