@@ -16,6 +16,7 @@ from typing import cast
 import numpy as np
 import onnx
 import onnxruntime as ort
+from transformers import PretrainedConfig
 
 from builder import configs, tensorrt_engine
 from builder.checks import check_names, check_options
@@ -363,7 +364,7 @@ def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], output: str, device
     return np.asarray(session.run([output], inputs)[0])
 
 
-def _pack_graph(planned: PlannedBuild, path: Path, config: object, log: Log) -> None:
+def _pack_graph(planned: PlannedBuild, path: Path, config: PretrainedConfig, log: Log) -> None:
     """Rewrite the optimized graph at `path` into the packed layout's (builder/packing.py): the GPU form on GPU
     builds, the CPU form on CPU builds. A graph the rewrite does not know is a build error."""
     s = planned.settings
@@ -371,10 +372,8 @@ def _pack_graph(planned: PlannedBuild, path: Path, config: object, log: Log) -> 
     with _step(log, f"{s.name}: rewriting the graph into the packed layout ({form} form)"):
         try:
             model = packed_model(onnx.load(str(path)), task=s.task, pooling=s.pooling,
-                                 num_heads=int(getattr(config, "num_attention_heads", 0) or 0),
-                                 hidden_size=int(getattr(config, "hidden_size", 0) or 0),
-                                 offset=position_offset(str(getattr(config, "model_type", "")),
-                                                        getattr(config, "pad_token_id", None)), form=form)
+                                 num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size),
+                                 offset=position_offset(config.model_type, config.pad_token_id), form=form)
         except PackingError as exc:
             raise BuildError(f"{s.name}: the packed layout cannot be built for this graph ({exc}); build it with "
                              "--layout padded") from None

@@ -195,23 +195,24 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
 
 # ---- build and PyTorch (parent process) ------------------------------------------------------------------
 
-def build_graphs(model_dir: Path, work: Path, device: str, max_seq_len: int, log: Any) -> dict[str, Any]:
+def build_graphs(model_dir: Path, work: Path, device: str, max_seq_len: int) -> dict[str, Any]:
     """The builder's packed and padded GPU (or, --smoke, CPU) steps, and the PackedAttention rewrite of the padded
-    build's graph: name -> {path, fused ops, the builder's parity}."""
+    build's graph: name -> {path, fused ops, the builder's parity}. The builder runs in a process of its own:
+    its parity opens onnxruntime CUDA sessions, and this process keeps the GPU for PyTorch."""
     import onnx
 
-    from builder.build import build_all
     from builder.manifest import read_manifest
     from builder.optimize import FUSED_OPS, onnx_op_counts, save_onnx
     from builder.packing import packed_model
-    from builder.settings import BuildRequest
     from transformers import AutoConfig
 
     repository = work / "repository"
-    requests = [BuildRequest(model=str(model_dir), task="embed", name=layout, runtime="python", device=device,
-                             formats=["onnx"], layout=layout, max_seq_len=max_seq_len, max_batch_size=128,
-                             warmup=False) for layout in ("packed", "padded")]
-    build_all(requests, repository, log=log)
+    spec = {"defaults": {"model": str(model_dir), "task": "embed", "runtime": "python", "device": device,
+                         "formats": "onnx", "max_seq_len": max_seq_len, "max_batch_size": 128, "warmup": False},
+            "models": [{"name": layout, "layout": layout} for layout in ("packed", "padded")]}
+    (work / "models.yaml").write_text(json.dumps(spec))  # JSON is YAML
+    subprocess.run([sys.executable, "-m", "builder", "build", "--spec", str(work / "models.yaml"), "--repository",
+                    str(repository)], check=True, env=os.environ.copy())
     graphs: dict[str, Any] = {}
     for layout in ("packed", "padded"):
         manifest = read_manifest(repository / f"{layout}_onnx")
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     np.savez(work / "texts.npz", *texts)
     sets = draw_batches([len(t) for t in texts], args.draws)
     log(f"corpus: {len(texts)} texts, {sum(map(len, texts))} tokens; building the packed and padded steps")
-    graphs = build_graphs(model_dir, work, device, max_seq_len, log)
+    graphs = build_graphs(model_dir, work, device, max_seq_len)
     refs = references(model_dir, texts, sets, device)
     np.savez(work / "reference_fp32.npz", **refs)
     spec = {"work": str(work), "sets": sets, "rounds": args.rounds, "device": device,

@@ -116,6 +116,7 @@ def test_in_graph_indices_equal_onnxruntime_layout(packed_graphs: PackedGraphs) 
         np.testing.assert_array_equal(got_positions.ravel(), np.concatenate([np.arange(n) for n in lengths]))
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 @pytest.mark.parametrize(("model", "task", "pooling"), CASES)
 def test_pytorch_packed_reference_matches_hugging_face(packed_graphs: PackedGraphs, model: str, task: str,
                                                        pooling: str | None) -> None:
