@@ -72,6 +72,21 @@ def cu_seqlens_of(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return cu
 
 
+def from_rows(input_ids: Sequence[Sequence[int] | np.ndarray],
+              token_type_ids: Sequence[Sequence[int] | np.ndarray] | None = None) -> PackedRows:
+    """Rows of token ids (and their token types; zeros when absent) in the packed layout, e.g. a batch the
+    gateway formed. Every row needs at least one token."""
+    lengths = [len(row) for row in input_ids]
+    if not lengths or min(lengths) < 1:
+        raise PackingError("a packed batch needs at least one row, and every row at least one token")
+    ids = np.concatenate([np.asarray(row, np.int32) for row in input_ids])
+    types = (np.zeros_like(ids) if token_type_ids is None
+             else np.concatenate([np.asarray(row, np.int32) for row in token_type_ids]))
+    if types.shape != ids.shape:
+        raise PackingError(f"token_type_ids hold {types.size} tokens, input_ids {ids.size}")
+    return PackedRows(ids, types, cu_seqlens_of(lengths))
+
+
 def _show(values: np.ndarray) -> str:
     """At most 8 values of an array, for error messages."""
     flat = values.ravel()

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from contract.batching import Shapes, default_widths
-from contract.packing import PackedRows, cu_seqlens_of
+from contract.packing import from_rows
 
 SETS = ("random32", "random128", "sorted32")
 GATE = 0.9999
@@ -73,8 +73,7 @@ def padded_feed(rows: list[np.ndarray], widths: tuple[int, ...]) -> dict[str, np
 
 
 def packed_feed(rows: list[np.ndarray]) -> dict[str, np.ndarray]:
-    ids = np.concatenate(rows).astype(np.int32)
-    return PackedRows(ids, np.zeros_like(ids), cu_seqlens_of([len(r) for r in rows])).feed()
+    return from_rows(rows).feed()
 
 
 # ---- onnxruntime (child process) -------------------------------------------------------------------------

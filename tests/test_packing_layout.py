@@ -8,7 +8,16 @@ import pytest
 
 import contract
 from contract import packing
-from contract.packing import PackedRows, PackingError, concat, cu_seqlens_of, cut_runs, pack_padded, packed_request
+from contract.packing import (
+    PackedRows,
+    PackingError,
+    concat,
+    cu_seqlens_of,
+    cut_runs,
+    from_rows,
+    pack_padded,
+    packed_request,
+)
 
 
 def test_names_agree_with_the_contract() -> None:
@@ -75,6 +84,19 @@ def test_error_messages_stay_short() -> None:
     with pytest.raises(PackingError) as error:
         packed_request(ids, ids, cu)
     assert len(str(error.value)) < 200 and "100001 values" in str(error.value)
+
+
+def test_rows_of_token_ids_pack_like_padded_rows() -> None:
+    ids, mask, types = _padded()
+    rows = from_rows([r[m == 1] for r, m in zip(ids, mask)], [t[m == 1] for t, m in zip(types, mask)])
+    expected = pack_padded(ids, mask, types)
+    for name in ("input_ids", "token_type_ids", "cu_seqlens"):
+        assert getattr(rows, name).tolist() == getattr(expected, name).tolist()
+    assert from_rows([[5, 6], [7]]).token_type_ids.tolist() == [0, 0, 0]
+    with pytest.raises(PackingError, match="at least one token"):
+        from_rows([[5], []])
+    with pytest.raises(PackingError, match="token_type_ids hold 2 tokens"):
+        from_rows([[5, 6], [7]], [[0, 0]])
 
 
 def test_token_types_must_match_the_ids() -> None:
