@@ -473,8 +473,10 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             results[-1] = results[-1].model_copy(update={"layout": "packed", "ran_on": ran_on})
         if not s.skip_parity:
             _check(results[-1], planned, log)
-        configs.write_step_config(onnx_dir, configs.onnx_config(s, width, facts.precision, planned.fingerprint), s,
-                                  warmup_ids)
+        step_config = configs.onnx_config(s, width, facts.precision, planned.fingerprint)
+        if s.layout == "packed":
+            configs.set_vocabulary(step_config, int(config.vocab_size), int(getattr(config, "type_vocab_size", 0) or 0))
+        configs.write_step_config(onnx_dir, step_config, s, warmup_ids)
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
             _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")

@@ -147,6 +147,11 @@ def _packed_step(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
     _set_parameters(config, {Param.LAYOUT: "packed", Param.MAX_SEQ_LEN: str(settings.max_seq_len)})
 
 
+def set_vocabulary(config: mc.ModelConfig, vocab_size: int, type_vocab_size: int) -> None:
+    """A packed step's `vocab_size` and `type_vocab_size`: the runner refuses ids outside the embedding tables."""
+    _set_parameters(config, {Param.VOCAB_SIZE: str(vocab_size), Param.TYPE_VOCAB_SIZE: str(type_vocab_size)})
+
+
 def trt_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
     """The TensorRT FP16 step; its engine has one optimization profile (index 0)."""
     name = step_model(settings.name, "trt_fp16")

@@ -89,6 +89,9 @@ class Param:
     BATCH_ROWS = "batch_rows"  # the row counts batches take, comma list
     INTRA_OP_THREADS = "intra_op_num_threads"
     LAYOUT = "layout"  # a Layout: "packed" = the step also takes packed requests (absent = "padded")
+    # layout packed: the ids the embedding tables hold; the runner refuses a request with others
+    VOCAB_SIZE = "vocab_size"
+    TYPE_VOCAB_SIZE = "type_vocab_size"
 
 
 def output_name(task: Task) -> str:

@@ -150,6 +150,16 @@ def pack_padded(input_ids: np.ndarray, attention_mask: np.ndarray, token_type_id
     return PackedRows(ids[real].astype(np.int32, copy=False), types[real].astype(np.int32, copy=False), cu)
 
 
+def check_ids(rows: PackedRows, vocab_size: int | None = None, type_vocab_size: int | None = None) -> None:
+    """Raise PackingError when a token id or token type falls outside the model's embedding tables (on a GPU an
+    out-of-range lookup is not an error but a wrong answer or a fault)."""
+    for name, values, size in ((INPUT_IDS, rows.input_ids, vocab_size), (TOKEN_TYPE_IDS, rows.token_type_ids,
+                                                                         type_vocab_size)):
+        if size and values.size and (int(values.min()) < 0 or int(values.max()) >= size):
+            bad = values[(values < 0) | (values >= size)]
+            raise PackingError(f"{name} must be in 0..{size - 1}: found {_show(bad)}")
+
+
 def concat(parts: Sequence[PackedRows]) -> PackedRows:
     """The rows of every part, in order, as one batch."""
     if len(parts) == 1:

@@ -11,6 +11,7 @@ from contract import packing
 from contract.packing import (
     PackedRows,
     PackingError,
+    check_ids,
     concat,
     cu_seqlens_of,
     cut_runs,
@@ -97,6 +98,19 @@ def test_rows_of_token_ids_pack_like_padded_rows() -> None:
         from_rows([[5], []])
     with pytest.raises(PackingError, match="token_type_ids hold 2 tokens"):
         from_rows([[5, 6], [7]], [[0, 0]])
+
+
+def test_ids_outside_the_embedding_tables_are_refused() -> None:
+    rows = pack_padded(*_padded())
+    check_ids(rows, vocab_size=12, type_vocab_size=2)
+    check_ids(rows)  # no sizes: nothing to check
+    with pytest.raises(PackingError, match=r"input_ids must be in 0..10: found \[11\]"):
+        check_ids(rows, vocab_size=11, type_vocab_size=2)
+    with pytest.raises(PackingError, match="token_type_ids must be in 0..0"):
+        check_ids(rows, vocab_size=12, type_vocab_size=1)
+    negative = PackedRows(np.array([-1, 3], np.int32), np.zeros(2, np.int32), cu_seqlens_of([2]))
+    with pytest.raises(PackingError, match=r"found \[-1\]"):
+        check_ids(negative, vocab_size=12)
 
 
 def test_token_types_must_match_the_ids() -> None:

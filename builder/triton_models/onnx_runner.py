@@ -76,8 +76,11 @@ class TritonPythonModel:
         if parameters.get("layout", {}).get("string_value", "padded") == "packed":
             from packed_runner import PackedSteps  # copied next to this file for packed steps only
 
-            max_seq_len = int(parameters.get("max_seq_len", {}).get("string_value", "0") or 0) or None
-            packed = PackedSteps(self.session, self.output, self.max_tokens, max_seq_len)
+            def number(key):
+                return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
+
+            packed = PackedSteps(self.session, self.output, self.max_tokens, number("max_seq_len"),
+                                 (number("vocab_size"), number("type_vocab_size")))
             warmed = packed.warm_up(gpu=kind == "GPU")
             self._execute = SkipCancelled(packed)
         else:

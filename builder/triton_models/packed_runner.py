@@ -16,7 +16,16 @@ import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from packing import PackedRows, PackingError, concat, cu_seqlens_of, cut_runs, pack_padded, packed_request
+from packing import (
+    PackedRows,
+    PackingError,
+    check_ids,
+    concat,
+    cu_seqlens_of,
+    cut_runs,
+    pack_padded,
+    packed_request,
+)
 
 INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS = "input_ids", "attention_mask", "token_type_ids", "cu_seqlens"
 WARMUP_SHORT_TOKENS = 16
@@ -39,19 +48,23 @@ def _tensor(request, name):
 class PackedSteps:
     """execute(requests) -> responses for a packed graph run by one onnxruntime session."""
 
-    def __init__(self, session, output, max_tokens, max_seq_len=None):
+    def __init__(self, session, output, max_tokens, max_seq_len=None, vocab_sizes=(None, None)):
         self.session, self.output = session, output
         self.max_tokens, self.max_seq_len = max_tokens, max_seq_len
+        self.vocab_sizes = vocab_sizes  # (token ids, token types) the embedding tables hold; None = unchecked
 
     def rows_of(self, request):
-        """The request's rows in the packed layout, or PackingError."""
+        """The request's rows in the packed layout, checked, or PackingError."""
         ids, mask, types, cu = (_tensor(request, n) for n in (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS))
         if (mask is None) == (cu is None):
             raise PackingError("a request carries exactly one of attention_mask (padded rows) and cu_seqlens "
                                "(packed rows)")
         if cu is not None:
-            return packed_request(ids, types, cu, self.max_seq_len)
-        return pack_padded(ids, mask, types, self.max_seq_len)
+            rows = packed_request(ids, types, cu, self.max_seq_len)
+        else:
+            rows = pack_padded(ids, mask, types, self.max_seq_len)
+        check_ids(rows, *self.vocab_sizes)
+        return rows
 
     def __call__(self, requests):
         responses = [None] * len(requests)

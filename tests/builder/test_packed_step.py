@@ -31,6 +31,7 @@ from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS, Para
 from contract.packing import pack_padded
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
+from tests.fixtures.tiny_models import vocab_tokens
 
 MAX_SEQ_LEN = TINY_LIMITS["max_seq_len"]
 TEXTS = ["good", "the movie was really good , i would see it again", "안녕하세요 영화 정말 좋아요", "这个电影很好",
@@ -101,6 +102,7 @@ def test_packed_build_config_and_manifest(repository: Path) -> None:
                       CU_SEQLENS: (True, True)}
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert params[Param.LAYOUT] == "packed" and params[Param.MAX_SEQ_LEN] == str(MAX_SEQ_LEN)
+    assert (params[Param.VOCAB_SIZE], params[Param.TYPE_VOCAB_SIZE]) == (str(len(vocab_tokens())), "2")
     assert Param.BATCH_WIDTHS not in params
     assert {"packing.py", "packed_runner.py", "batching.py"} <= {p.name for p in (repository / "emb_onnx" / "1").iterdir()}
     manifest = read_manifest(repository / "emb_onnx")
@@ -209,6 +211,8 @@ BAD_REQUESTS = {
     "row over max_seq_len": ({INPUT_IDS: [[5] * 65], TOKEN_TYPE_IDS: [[0] * 65], CU_SEQLENS: [[0, 65]]},
                              "more than max_seq_len 64"),
     "left-padded mask": ({INPUT_IDS: [[0, 2, 5, 3]], ATTENTION_MASK: [[0, 1, 1, 1]]}, "right padding"),
+    "id outside the vocabulary": ({INPUT_IDS: [[2, 5, 100_000, 3]], CU_SEQLENS: [[0, 4]]}, "input_ids must be in 0.."),
+    "token type 2": ({TOKEN_TYPE_IDS: [[0, 0, 2, 2]], CU_SEQLENS: [[0, 4]]}, "token_type_ids must be in 0..1"),
 }
 
 
