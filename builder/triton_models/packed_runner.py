@@ -17,6 +17,9 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from packing import (
+    CU_SEQLENS,
+    INPUT_IDS,
+    TOKEN_TYPE_IDS,
     PackedRows,
     PackingError,
     check_ids,
@@ -27,7 +30,7 @@ from packing import (
     packed_request,
 )
 
-INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS = "input_ids", "attention_mask", "token_type_ids", "cu_seqlens"
+ATTENTION_MASK = "attention_mask"  # a padded request's; the packed layout's names come from packing.py
 WARMUP_SHORT_TOKENS = 16
 MAX_ERROR_CHARS = 500
 
