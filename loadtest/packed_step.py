@@ -3,10 +3,11 @@
     python -m loadtest.packed_step --name h100 [--shape base] [--out DIR]     # the GPU host (CUDA provider)
     python -m loadtest.packed_step --smoke --out /tmp/ps                      # here: tiny model, CPU, seconds
 
-Builds a random BERT embedder of `--shape` (loadtest.models) twice with the real builder, as a GPU step
+Builds a random BERT embedder of `--shape` (loadtest.models) with the real builder, as GPU steps
 (`--runtime python --device gpu`): `--layout packed` (fp16, PackedMultiHeadAttention: FlashAttention varlen
-on SM90) and `--layout padded` (fp16, fused Attention). The builder's parity gate runs on each, on the GPU
-when onnxruntime-gpu is importable. A third graph is the packed rewrite of the padded build's Attention
+on SM90), `--layout padded` (fp16, fused Attention) and `--layout packed --onnx-precision fp32` (onnxruntime's
+unfused attention path, which reads the graph's token_offset). The builder's parity gate runs on each, on
+the GPU when onnxruntime-gpu is importable. A third graph is the packed rewrite of the padded build's Attention
 fusion (PackedAttention: CUTLASS memory-efficient attention on SM90, TensorRT fused kernels on SM 70-89).
 
 Batch sets drawn from the loadtest corpus (tokenized with the model's tokenizer, at most 512 tokens):
@@ -44,7 +45,9 @@ from contract.packing import from_rows
 
 SETS = ("random32", "random128", "sorted32")
 GATE = 0.9999
-GRAPHS = ("padded", "packed", "packed_attention")  # builder padded, builder packed, PackedAttention rewrite
+# builder padded (fp16), builder packed (fp16), builder packed fp32 (onnxruntime's unfused CUDA path, the one that
+# reads token_offset: its parity matters), the PackedAttention rewrite of the padded graph (fp16)
+GRAPHS = ("padded", "packed", "packed_fp32", "packed_attention")
 
 
 # ---- batches ---------------------------------------------------------------------------------------------
@@ -208,17 +211,18 @@ def build_graphs(model_dir: Path, work: Path, device: str, max_seq_len: int) -> 
     repository = work / "repository"
     spec = {"defaults": {"model": str(model_dir), "task": "embed", "runtime": "python", "device": device,
                          "formats": "onnx", "max_seq_len": max_seq_len, "max_batch_size": 128, "warmup": False},
-            "models": [{"name": layout, "layout": layout} for layout in ("packed", "padded")]}
+            "models": [{"name": "packed", "layout": "packed"}, {"name": "padded", "layout": "padded"},
+                       {"name": "packed_fp32", "layout": "packed", "onnx_precision": "fp32"}]}
     (work / "models.yaml").write_text(json.dumps(spec))  # JSON is YAML
     subprocess.run([sys.executable, "-m", "builder", "build", "--spec", str(work / "models.yaml"), "--repository",
                     str(repository)], check=True, env=os.environ.copy())
     graphs: dict[str, Any] = {}
-    for layout in ("packed", "padded"):
-        manifest = read_manifest(repository / f"{layout}_onnx")
+    for name in ("packed", "padded", "packed_fp32"):
+        manifest = read_manifest(repository / f"{name}_onnx")
         assert manifest is not None
-        graphs[layout] = {"path": str(repository / f"{layout}_onnx" / "1" / "model.onnx"),
-                          "fused": manifest.onnx.fused_ops,
-                          "builder_parity": [p.model_dump(mode="json") for p in manifest.parity]}
+        graphs[name] = {"path": str(repository / f"{name}_onnx" / "1" / "model.onnx"), "fused": manifest.onnx.fused_ops,
+                        "precision": manifest.onnx.precision,
+                        "builder_parity": [p.model_dump(mode="json") for p in manifest.parity]}
     config = AutoConfig.from_pretrained(model_dir)
     target = work / "packed_attention" / "model.onnx"
     target.parent.mkdir(parents=True)
@@ -227,7 +231,7 @@ def build_graphs(model_dir: Path, work: Path, device: str, max_seq_len: int) -> 
                            form="gpu" if device == "gpu" else "cpu"), target)
     counts = onnx_op_counts(target)
     graphs["packed_attention"] = {"path": str(target), "fused": {op: counts[op] for op in FUSED_OPS if op in counts},
-                                  "builder_parity": []}
+                                  "precision": graphs["padded"]["precision"], "builder_parity": []}
     return graphs
 
 
@@ -343,7 +347,8 @@ def summarize(record: dict[str, Any]) -> str:
         entry = ort_graphs.get(name, {})
         if entry:
             place = entry["placement"]
-            lines.append(f"| {name} | {entry['min_cosine']:.7f} {'ok' if entry['parity_passed'] else 'FAIL'} | "
+            lines.append(f"| {name} ({record['graphs'][name]['precision']}) | {entry['min_cosine']:.7f} "
+                         f"{'ok' if entry['parity_passed'] else 'FAIL'} | "
                          f"{record['graphs'][name]['fused']} | {place['memcpy'] or 'none'} | "
                          f"{place['nodes_per_provider']} | {', '.join(place['cpu_ops']) or 'none'} |")
     for name in ("torch_sdpa_padded", "torch_packed_varlen"):
@@ -358,7 +363,7 @@ def summarize(record: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{c['first_ms']:.1f} / {c['second_ms']:.1f}" for c in cold) + " |")
     lines += ["", "The builder's own parity per artifact: " + "; ".join(
         f"{name}: {p['min_cosine']:.7f} ({'passed' if p['passed'] else 'FAILED'}, {p.get('ran_on') or 'padded run'})"
-        for name in ("packed", "padded") for p in record["graphs"][name]["builder_parity"])]
+        for name in ("packed", "padded", "packed_fp32") for p in record["graphs"][name]["builder_parity"])]
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,7 @@ def test_packed_step_smoke_measures_every_graph(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "t-packed-step" / "results.json").read_text())
     graphs = record["onnxruntime"]["graphs"]
-    assert set(graphs) == {"padded", "packed", "packed_attention"}
+    assert set(graphs) == {"padded", "packed", "packed_fp32", "packed_attention"}
     for name, entry in graphs.items():
         assert entry["parity_passed"] and entry["min_cosine"] >= 0.9999, name
         assert {"random32", "random128", "sorted32"} <= set(entry) and entry["placement"]["nodes_per_provider"]
