@@ -101,8 +101,8 @@ class Runtime:
         await self.refresh()
         return self.registry.resolve_any(name)
 
-    async def probe(self) -> dict[str, str]:
-        """Run a one-token request through every served model: `ok` or what failed, by model name."""
+    async def probe(self, models: list[ServedModel] | None = None) -> dict[str, str]:
+        """Run a one-token request through every served model (or `models`): `ok` or what failed, by name."""
         timeout = self.settings.ready_probe_timeout_s
 
         async def one(model: ServedModel) -> str:
@@ -117,7 +117,7 @@ class Runtime:
                 return f"timeout: no answer within {timeout}s"
             return "ok"
 
-        models = list(self.registry.models.values())
+        models = list(self.registry.models.values()) if models is None else models
         results = await asyncio.gather(*map(one, models))
         return {m.name: r for m, r in zip(models, results)}
 
