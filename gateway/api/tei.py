@@ -297,7 +297,7 @@ async def tei_info_route(model: ModelName, request: Request) -> Response:
     return _json(_info(runtime, served))
 
 
-@tei.get("/health", responses={200: {"description": "The model answers (empty body)."}})
+@tei.get("/health", response_class=Response, responses={200: {"description": "The model answers (empty body)."}})
 async def tei_health_route(model: ModelName, request: Request) -> Response:
     """TEI `/health` (public, like TEI's): 200 with an empty body when a one-token request through the model
     succeeds within GATEWAY_READY_PROBE_TIMEOUT_S, else 503 `Unhealthy`."""
