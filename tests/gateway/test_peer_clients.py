@@ -271,7 +271,8 @@ def test_tei_tokenize_decode_info_and_health(url: str, peer_models: dict[str, Pa
         ("/tei/st/embed", {"inputs": "x", "dimensions": 12}, AUTH, 422, "Validation"),
         ("/tei/st/embed", {"inputs": "x", "normalize": "yes"}, AUTH, 422, "Validation"),
         ("/tei/st/embed", {"inputs": ["x"] * 2049}, AUTH, 422, "Validation"),
-        ("/tei/st/embed", {"inputs": "x"}, {}, 401, "Validation"),
+        ("/tei/st/embed", {"inputs": "x"}, {}, 401, "Validation"),  # the middleware's own errors too:
+        ("/tei/st/embed", {"inputs": "x" * 3 * 1024 * 1024}, AUTH, 413, "Validation"),  # over the body limit
         ("/tei/st/embed_sparse", {"inputs": "x"}, AUTH, 404, "Validation"),
     ],
 )
