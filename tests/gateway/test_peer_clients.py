@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import uvicorn
+from cohere.core.api_error import ApiError
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
@@ -163,8 +164,19 @@ def test_cohere_v2_embed(url: str, st: SentenceTransformer) -> None:
     assert documents.embeddings.base64 is None  # float only, the default
     np.testing.assert_allclose(documents.embeddings.float_, st.encode(
         TEXTS, prompt_name="passage", normalize_embeddings=True, truncate_dim=8), atol=1e-5)
+    long = ["the film was good but the food was bad and slow " * 3]  # over max_seq_len: its start is cut
+    st.tokenizer.truncation_side = "left"
+    try:
+        want = st.encode(long, prompt_name="query", normalize_embeddings=True)
+    finally:
+        st.tokenizer.truncation_side = "right"
+    start = client.embed(model="st", texts=long, input_type="search_query", truncate="START")
+    np.testing.assert_allclose(start.embeddings.float_, want, atol=1e-5)
     with pytest.raises(cohere.BadRequestError, match="unsupported_option"):
         client.embed(model="st", texts=["x"], input_type="search_query", embedding_types=["int8"])
+    with pytest.raises(ApiError) as refused:  # NONE: a text over max_seq_len is refused, not cut
+        client.embed(model="st", texts=long, input_type="search_query", truncate="NONE")
+    assert refused.value.status_code == 413
 
 
 def test_cohere_v2_rerank(url: str, peer_models: dict[str, Path]) -> None:
