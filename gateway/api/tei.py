@@ -266,12 +266,15 @@ async def tei_decode_route(model: ModelName, body: TeiDecodeRequest, request: Re
 def _info(runtime: Runtime, model: ServedModel) -> TeiInfo:
     endpoint = model.endpoint(None)
     model_type: TeiEmbeddingType | TeiClassifierType | TeiRerankerType
+    labels = TeiClassifierModel(id2label={str(i): label for i, label in enumerate(model.labels)},
+                                label2id={label: i for i, label in enumerate(model.labels)})
     if model.task == "embed":
-        model_type = TeiEmbeddingType(embedding=TeiEmbeddingModel(pooling=TEI_POOLING.get(model.pooling, model.pooling)))
+        pooling = TEI_POOLING.get(model.pooling, model.pooling)
+        model_type = TeiEmbeddingType(embedding=TeiEmbeddingModel(pooling=pooling))
+    elif model.task == "classify":
+        model_type = TeiClassifierType(classifier=labels)
     else:
-        labels = TeiClassifierModel(id2label={str(i): label for i, label in enumerate(model.labels)},
-                                    label2id={label: i for i, label in enumerate(model.labels)})
-        model_type = TeiClassifierType(classifier=labels) if model.task == "classify" else TeiRerankerType(reranker=labels)
+        model_type = TeiRerankerType(reranker=labels)
     s = runtime.settings
     step_rows = endpoint.step_max_batch_size or endpoint.max_batch_size
     return TeiInfo(

@@ -109,9 +109,10 @@ def test_huggingface_hub_text_classification(triton_server: TritonServer, python
         logits = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_dir).eval()(
             **tokenizer(texts, padding=True, return_tensors="pt")).logits
     probs = torch.softmax(logits, -1).numpy()
-    with serving(triton_url=triton_server.grpc_url, repository=str(python_repository), shm_prefix="gwclientcls") as base:
+    settings = {"triton_url": triton_server.grpc_url, "repository": str(python_repository), "shm_prefix": "gwclientcls"}
+    with serving(**settings) as base:
         client = InferenceClient(base_url=f"{base}/tei/tinycls", api_key=KEY)
-        for text, want in zip(texts, probs):
+        for text, want in zip(texts, probs, strict=True):
             got = client.text_classification(text)
             order = np.argsort(-want)
             assert [p.label for p in got] == [LABELS[i] for i in order]  # every label, best first
@@ -130,7 +131,8 @@ def test_langchain_huggingface_endpoint_embeddings(url: str, st: SentenceTransfo
         "from langchain_huggingface import HuggingFaceEndpointEmbeddings\n"
         "url, key, texts = json.load(sys.stdin)\n"
         "embeddings = HuggingFaceEndpointEmbeddings(model=url, huggingfacehub_api_token=key)\n"
-        "print(json.dumps({'documents': embeddings.embed_documents(texts), 'query': embeddings.embed_query(texts[0])}))\n"
+        "answer = {'documents': embeddings.embed_documents(texts), 'query': embeddings.embed_query(texts[0])}\n"
+        "print(json.dumps(answer))\n"
     )
     done = subprocess.run([str(LANGCHAIN_PYTHON), "-c", script], input=json.dumps([f"{url}/tei/st", KEY, TEXTS]),
                           capture_output=True, text=True, timeout=120, check=False)
@@ -152,16 +154,18 @@ def test_cohere_v2_embed(url: str, st: SentenceTransformer) -> None:
     client = cohere.ClientV2(api_key=KEY, base_url=url)
     answer = client.embed(model="st", texts=TEXTS, input_type="search_query",
                           embedding_types=["float", "base64", "binary", "ubinary"])
-    floats = np.asarray(answer.embeddings.float_, np.float32)
+    got = answer.embeddings
+    assert got.float_ and got.base64 and got.binary and got.ubinary
+    floats = np.asarray(got.float_, np.float32)
     np.testing.assert_allclose(floats, st.encode(TEXTS, prompt_name="query", normalize_embeddings=True), atol=1e-5)
     # base64 carries the very float32 numbers; binary and ubinary are sentence-transformers' exact quantization
-    decoded = np.stack([np.frombuffer(base64.b64decode(b), "<f4") for b in answer.embeddings.base64])
+    decoded = np.stack([np.frombuffer(base64.b64decode(b), "<f4") for b in got.base64])
     assert decoded.tobytes() == floats.tobytes()
-    np.testing.assert_array_equal(answer.embeddings.ubinary, quantize_embeddings(floats, precision="ubinary"))
-    np.testing.assert_array_equal(answer.embeddings.binary, quantize_embeddings(floats, precision="binary"))
-    assert answer.texts == TEXTS and answer.id and answer.meta.billed_units.input_tokens > 0
+    np.testing.assert_array_equal(got.ubinary, quantize_embeddings(floats, precision="ubinary"))
+    np.testing.assert_array_equal(got.binary, quantize_embeddings(floats, precision="binary"))
+    assert answer.texts == TEXTS and answer.id and billed_tokens(answer.meta) > 0
     documents = client.embed(model="st", texts=TEXTS, input_type="search_document", output_dimension=8)
-    assert documents.embeddings.base64 is None  # float only, the default
+    assert documents.embeddings.base64 is None and documents.embeddings.float_  # float only, the default
     np.testing.assert_allclose(documents.embeddings.float_, st.encode(
         TEXTS, prompt_name="passage", normalize_embeddings=True, truncate_dim=8), atol=1e-5)
     long = ["the film was good but the food was bad and slow " * 3]  # over max_seq_len: its start is cut
@@ -170,8 +174,9 @@ def test_cohere_v2_embed(url: str, st: SentenceTransformer) -> None:
         want = st.encode(long, prompt_name="query", normalize_embeddings=True)
     finally:
         st.tokenizer.truncation_side = "right"
-    start = client.embed(model="st", texts=long, input_type="search_query", truncate="START")
-    np.testing.assert_allclose(start.embeddings.float_, want, atol=1e-5)
+    start = client.embed(model="st", texts=long, input_type="search_query", truncate="START").embeddings.float_
+    assert start is not None
+    np.testing.assert_allclose(start, want, atol=1e-5)
     with pytest.raises(cohere.BadRequestError, match="unsupported_option"):
         client.embed(model="st", texts=["x"], input_type="search_query", embedding_types=["int8"])
     with pytest.raises(ApiError) as refused:  # NONE: a text over max_seq_len is refused, not cut
@@ -185,7 +190,11 @@ def test_cohere_v2_rerank(url: str, peer_models: dict[str, Path]) -> None:
     top = np.argsort(-want, kind="stable")[:3].tolist()
     assert [r.index for r in answer.results] == top
     np.testing.assert_allclose([r.relevance_score for r in answer.results], want[top], atol=1e-5)
-    assert answer.id and answer.meta.billed_units.input_tokens > 0
+    assert answer.id and billed_tokens(answer.meta) > 0
+
+
+def billed_tokens(meta: Any) -> float:
+    return float(meta.billed_units.input_tokens)
 
 
 # --- TEI over plain HTTP: shapes, options, errors --------------------------------------------------
@@ -214,10 +223,10 @@ def test_tei_embed_options_and_truncation(url: str, st: SentenceTransformer) -> 
 
 
 def test_tei_predict_pairs_and_batches(url: str, peer_models: dict[str, Path]) -> None:
-    pairs = [[QUERY, d] for d in DOCS[:3]]
+    pairs = [(QUERY, d) for d in DOCS[:3]]
     oracle = cross_encoder(peer_models["nli"])
-    probs = oracle.predict([tuple(p) for p in pairs], apply_softmax=True)
-    logits = oracle.predict([tuple(p) for p in pairs], activation_fn=torch.nn.Identity())
+    probs = oracle.predict(pairs, apply_softmax=True)
+    logits = oracle.predict(pairs, activation_fn=torch.nn.Identity())
 
     def scores(predictions: list[dict[str, Any]]) -> list[float]:
         assert all(set(p) == {"score", "label"} for p in predictions)
