@@ -98,7 +98,7 @@ def _direction(value: str) -> TruncationDirection:
 def _fit(request: Request, runtime: Runtime, texts: list[str], more: list[str], truncate: bool,
          direction: TruncationDirection) -> tuple[list[str], list[str]]:
     """With `truncate`, texts over GATEWAY_MAX_INPUT_CHARS characters are cut there (from `direction`'s end,
-    as TEI cuts at 250 characters per token), never refused; then the gateway's input limits (413)."""
+    as TEI cuts at 250 characters per token of max_input_length), never refused; then the input limits (413)."""
     if truncate:
         limit = runtime.settings.max_input_chars
 
