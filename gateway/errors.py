@@ -29,6 +29,11 @@ class ErrorKind(StrEnum):
     INTERNAL = "internal_error"
 
 
+# Error types of the peer-protocol routes (api/tei.py, api/cohere.py), more specific than their kind.
+EMPTY_INPUT = "empty_input"  # INVALID: an empty text or list (what TEI answers as its `Empty`, 400)
+UNSUPPORTED_OPTION = "unsupported_option"  # INVALID: a protocol option the gateway cannot honour exactly
+
+
 class GatewayError(Exception):
     """A failure with a kind, a client-facing message and, for shedding, a retry hint in seconds."""
 

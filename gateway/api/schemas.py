@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from contract import OnnxAccelerator
 
@@ -13,6 +14,22 @@ Inputs = Annotated[
     Text | Annotated[list[Text], Field(min_length=1)], Field(description="One non-empty text or a non-empty list.")
 ]
 Backend = Literal["onnx", "trt"]
+
+
+def _float_matrix(value: object) -> np.ndarray:
+    if not (isinstance(value, np.ndarray) and value.ndim == 2 and value.dtype == np.float32):
+        raise ValueError("expected a 2-D float32 array")
+    return value
+
+
+# Embedding vectors in a response model: a [n, dim] float32 array, checked as such (not float by float) and
+# written by orjson as float32 (OrjsonResponse); the OpenAPI document shows a list of float lists.
+FloatMatrix = Annotated[
+    np.ndarray,
+    PlainValidator(_float_matrix),
+    PlainSerializer(lambda a: a.tolist(), when_used="json"),
+    WithJsonSchema({"type": "array", "items": {"type": "array", "items": {"type": "number", "format": "float"}}}),
+]
 
 
 class _Request(BaseModel):

@@ -105,6 +105,7 @@ class Endpoint:
     step_widths: tuple[int, ...] = ()  # the shapes the step's batches take (contract/batching.py)
     step_rows: tuple[int, ...] = ()
     accelerator: OnnxAccelerator = "none"  # onnx: how the onnxruntime backend runs the step (ensemble parameter)
+    precision: str = ""  # the step's `precision` parameter (fp16, fp32); "" when the step's config is not known
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,7 @@ def parse_ensemble(
             step_max_batch_size=int(step.max_batch_size) or 1, step_on_gpu=_on_gpu(step),
             step_widths=parse_sizes(step_params.get(Param.BATCH_WIDTHS, "")),
             step_rows=parse_sizes(step_params.get(Param.BATCH_ROWS, "")), accelerator=accelerator,
+            precision=step_params.get(Param.PRECISION, ""),
         )
     return model, endpoint
 
