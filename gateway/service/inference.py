@@ -22,7 +22,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TOKEN_INPUTS, TruncationDirection
+from contract import (
+    CU_SEQLENS,
+    INPUT_IDS,
+    NUM_TOKENS,
+    TEXT,
+    TEXT_PAIR,
+    TOKEN_INPUTS,
+    TOKEN_TYPE_IDS,
+    TruncationDirection,
+)
 from contract.batching import ROW_PAD_LIMIT, Shapes
 from contract.tokenization import TextEncoder
 from gateway import tracing
@@ -59,6 +68,13 @@ class Inputs:
 
     def __len__(self) -> int:
         return len(self.token_ids) if self.token_ids is not None else len(self.texts)
+
+
+def _characters(inputs: Inputs) -> int:
+    """Characters of the texts (and pairs) of a request; for token ids, the ids themselves."""
+    if inputs.token_ids is not None:
+        return sum(len(ids) + 2 for ids in inputs.token_ids)
+    return sum(map(len, inputs.texts)) + (sum(map(len, inputs.pairs)) if inputs.pairs is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -125,16 +141,26 @@ class Inference:
         try:
             if pipeline is None:
                 return await self._run_ensemble(model, endpoint, inputs, truncate, deadline)
-            pipeline.scheduler.backlog.check(deadline)  # before tokenizing: a refusal costs next to nothing
-            start = time.perf_counter()
-            with tracing.span("tokenize"):
-                if inputs.token_ids is not None:
-                    encoded = pipeline.tokenizer.encoder.encode_ids(inputs.token_ids)
-                else:
-                    encoded = await pipeline.tokenizer.encode(inputs.texts, inputs.pairs, inputs.direction)
-            pipeline.metrics.tokenize.observe(time.perf_counter() - start)
-            tokens = _check_lengths(model, encoded.num_tokens, truncate)
-            outputs = await pipeline.scheduler.submit(encoded, deadline)
+            backlog = pipeline.scheduler.backlog
+            chars = _characters(inputs)
+            guess = backlog.guess_units(chars)
+            backlog.admit(guess, deadline, rows=len(inputs))  # before tokenizing: a refusal costs next to nothing
+            try:
+                start = time.perf_counter()
+                with tracing.span("tokenize"):
+                    if inputs.token_ids is not None:
+                        encoded = pipeline.tokenizer.encoder.encode_ids(inputs.token_ids)
+                    else:
+                        encoded = await pipeline.tokenizer.encode(inputs.texts, inputs.pairs, inputs.direction)
+                pipeline.metrics.tokenize.observe(time.perf_counter() - start)
+                tokens = _check_lengths(model, encoded.num_tokens, truncate)
+            except BaseException:
+                backlog.done(guess, len(inputs))
+                raise
+            actual = sum(len(ids) for ids in encoded.ids)
+            backlog.learn_units_per_char(chars, actual)
+            backlog.add(actual - guess)  # the guess, corrected
+            outputs = await pipeline.scheduler.submit(encoded, deadline, counted=True)
             return BatchResult(outputs, encoded.num_tokens, tokens)
         except GatewayError as exc:
             if exc.type == "model_unavailable":
@@ -293,8 +319,8 @@ class Inference:
             return None
         step = endpoint.step_model
 
-        async def run_batch(ids: np.ndarray, mask: np.ndarray, types: np.ndarray, deadline: float) -> np.ndarray:
-            return await self.client.infer_step(step, (ids, mask, types), output, deadline)
+        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray:
+            return await self.client.infer_step(step, tensors, rows, output, deadline)
 
         if same_step and current is not None:  # only the tokenizer changed: new encoder, same queue
             current.tokenizer.encoder, current.sha256 = encoder, sha
@@ -321,6 +347,14 @@ class Inference:
         if rows and rows[-1] != max_rows:  # GATEWAY_MAX_BATCH_REQUESTS below the step's largest: a declared count
             max_rows = rows[-1]
         cost = s.batch_call_cost_tokens
+        if endpoint.step_layout == "packed":  # only real tokens count: no widths, no row counts, no padding bound
+            return BatchPolicy(
+                max_rows=s.max_batch_requests,  # a packed request is one of Triton's batch, whatever its rows
+                max_tokens=max(s.max_batch_tokens, model.max_seq_len), max_in_flight=s.max_batches_in_flight,
+                shapes=Shapes(model.max_seq_len), call_cost_tokens=0,
+                pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0, max_queue_wait_s=s.max_queue_wait_s,
+                layout="packed",
+            )
         return BatchPolicy(
             max_rows=max_rows,
             max_tokens=max(s.max_batch_tokens, model.max_seq_len),
@@ -333,9 +367,13 @@ class Inference:
 
     async def _ensure_step_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
         policy = self.pipelines[endpoint.step_model].scheduler.policy
-        # dummy rows can take a batch past the token budget by ROW_PAD_LIMIT (contract/batching.py)
-        token_bytes = int(policy.max_tokens * (1 + ROW_PAD_LIMIT) + model.max_seq_len) * 4
-        sizes = {name: token_bytes for name in TOKEN_INPUTS}
+        if policy.layout == "packed":
+            token_bytes = policy.max_tokens * 4
+            sizes = {INPUT_IDS: token_bytes, TOKEN_TYPE_IDS: token_bytes, CU_SEQLENS: (policy.max_rows + 1) * 4}
+        else:
+            # dummy rows can take a batch past the token budget by ROW_PAD_LIMIT (contract/batching.py)
+            token_bytes = int(policy.max_tokens * (1 + ROW_PAD_LIMIT) + model.max_seq_len) * 4
+            sizes = {name: token_bytes for name in TOKEN_INPUTS}
         sizes[model.output_name] = policy.max_rows * model.output_width * 4
         await self.client.ensure_pool(endpoint.step_model, sizes, policy.max_in_flight + 1)
 

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2
 
 from contract import (
     API_BACKEND,
+    Layout,
     BACKEND_PREFERENCE,
     ONNX_ACCELERATORS,
     TASKS,
@@ -106,6 +107,7 @@ class Endpoint:
     step_rows: tuple[int, ...] = ()
     accelerator: OnnxAccelerator = "none"  # onnx: how the onnxruntime backend runs the step (ensemble parameter)
     precision: str = ""  # the step's `precision` parameter (fp16, fp32); "" when the step's config is not known
+    step_layout: Layout = "padded"  # packed: the step takes packed batches (docs/contract.md)
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,7 @@ def parse_ensemble(
             step_widths=parse_sizes(step_params.get(Param.BATCH_WIDTHS, "")),
             step_rows=parse_sizes(step_params.get(Param.BATCH_ROWS, "")), accelerator=accelerator,
             precision=step_params.get(Param.PRECISION, ""),
+            step_layout="packed" if step_params.get(Param.LAYOUT) == "packed" else "padded",
         )
     return model, endpoint
 

@@ -32,7 +32,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from contract import INPUT_IDS, NUM_TOKENS, TEXT, TEXT_PAIR, TOKEN_INPUTS, TRUNCATION_PARAMETER
+from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TRUNCATION_PARAMETER
 from gateway import tracing
 from gateway.errors import ErrorKind, GatewayError, unavailable
 from gateway.metrics import SHM_RETIRED, TRITON_LATENCY
@@ -385,41 +385,40 @@ class TritonClient:
             return region.read(out_name, np.float32, (n, width)), region.read(NUM_TOKENS, np.int32, (n,))
 
     async def infer_step(
-        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output,
-        deadline: float | None = None,
+        self, step: str, tensors: dict[str, np.ndarray], rows: int, output: Output, deadline: float | None = None,
     ) -> np.ndarray:
-        """Run one batch of (input_ids, attention_mask, token_type_ids) [rows, width] int32 through a
-        model step: outputs [rows, width_out] fp32."""
-        return await self._with_reregister(lambda: self._step_once(step, tensors, output, deadline))
+        """Run one batch through a model step: `tensors` are its int32 inputs by name (padded [rows, width],
+        or packed [1, T] with cu_seqlens [1, rows + 1]; docs/contract.md); outputs [rows, width_out] fp32."""
+        return await self._with_reregister(lambda: self._step_once(step, tensors, rows, output, deadline))
 
     async def _step_once(
-        self, step: str, tensors: tuple[np.ndarray, np.ndarray, np.ndarray], output: Output, deadline: float | None
+        self, step: str, tensors: dict[str, np.ndarray], rows: int, output: Output, deadline: float | None
     ) -> np.ndarray:
-        rows, width = tensors[0].shape
         client_timeout, timeout_us = self._timeouts(deadline)
-        inputs = [grpcclient.InferInput(name, [rows, width], "INT32") for name in TOKEN_INPUTS]
+        inputs = {name: grpcclient.InferInput(name, list(tensor.shape), "INT32") for name, tensor in tensors.items()}
         requested = grpcclient.InferRequestedOutput(output.name)
         pool = self.pools.get(step)
         start = time.perf_counter()
-        fits = pool is not None and pool.layout.fits({INPUT_IDS: rows * width * 4, output.name: rows * output.width * 4})
+        sizes = {name: tensor.nbytes for name, tensor in tensors.items()}
+        fits = pool is not None and pool.layout.fits({**sizes, output.name: rows * output.width * 4})
         async with pool.lease() if pool is not None and fits else nullcontext() as region:
             if region is None:
-                for inp, tensor in zip(inputs, tensors):
-                    inp.set_data_from_numpy(tensor)
+                for name, tensor in tensors.items():
+                    inputs[name].set_data_from_numpy(tensor)
                 with tracing.triton_call(step, rows, "grpc") as headers:
                     result = await self.grpc.infer(
-                        step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us,
-                        headers=headers,
+                        step, list(inputs.values()), outputs=[requested], client_timeout=client_timeout,
+                        timeout=timeout_us, headers=headers,
                     )
                 TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
                 return _as_rows(result, step, output.name, rows, output.width)
-            for inp, name, tensor in zip(inputs, TOKEN_INPUTS, tensors):
-                inp.set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
+            for name, tensor in tensors.items():
+                inputs[name].set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
             requested.set_shared_memory(region.name, rows * output.width * 4, region.layout.offset(output.name))
             with tracing.triton_call(step, rows, "shm") as headers:
                 result = await self.grpc.infer(
-                    step, inputs, outputs=[requested], client_timeout=client_timeout, timeout=timeout_us,
-                    headers=headers,
+                    step, list(inputs.values()), outputs=[requested], client_timeout=client_timeout,
+                    timeout=timeout_us, headers=headers,
                 )
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
             _check_shape(result, step, output.name, rows, output.width)

@@ -206,7 +206,8 @@ async def test_a_shedding_model_refuses_before_the_body_is_validated_or_tokenize
         assert (await client.post("/embed", json=embed_body(["warm"]))).status_code == 200
         model = app.state.runtime.registry.resolve(MODEL, "embed")
         backlog = app.state.runtime.inference.backlog_of(model)
-        backlog.add(10**7, 10**4)  # as if a huge backlog were queued: minutes of work ahead
+        backlog.service.observe(1000, 1.0)  # as if measured: 1 ms a token
+        backlog.add(10**6, 10**4)  # as if a huge backlog were queued: minutes of work ahead
         invalid = {"model": MODEL, "inputs": [], "no_such_field": 1}  # a 422 once validated
         for path, body in (("/embed", embed_body(["x"])), ("/embed", invalid), (f"/tei/{MODEL}/embed", {"inputs": "x"})):
             refused = await client.post(path, json=body)
@@ -215,6 +216,6 @@ async def test_a_shedding_model_refuses_before_the_body_is_validated_or_tokenize
         assert backlog.shedding
         metrics = (await client.get("/metrics")).text
         assert 'route="/embed"' in metrics and f'route="/tei/{{model}}/embed"' in metrics
-        backlog.done(10**7, 10**4)  # the work drained: served again at once
+        backlog.done(10**6, 10**4)  # the work drained: served again at once
         assert (await client.post("/embed", json=embed_body(["x"]))).status_code == 200
         assert (await client.post("/embed", json=invalid)).status_code == 422 and not backlog.shedding
