@@ -15,6 +15,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from gateway import tracing
 from gateway.api.errors import install_error_handlers
+from gateway.api.hot import HotRoutes, hot_routes
 from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.responses import OrjsonResponse
 from gateway.api.admin import admin
@@ -67,7 +68,8 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     app.include_router(cohere)  # Cohere v2: /v2/embed, /v2/rerank
     if settings.docs:
         _serve_docs(app)
-    app.add_middleware(SheddingGate, request_timeout_s=settings.request_timeout_s, pause_s=settings.shed_pause_s)  # inside the one below
+    app.add_middleware(HotRoutes, routes=hot_routes([api, cohere]))  # innermost: the inference routes, lean
+    app.add_middleware(SheddingGate, request_timeout_s=settings.request_timeout_s, pause_s=settings.shed_pause_s)
     app.add_middleware(
         RequestContextMiddleware,
         request_id_header=settings.request_id_header,
