@@ -19,6 +19,7 @@ from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.responses import OrjsonResponse
 from gateway.api.admin import admin
 from gateway.api.routes import api, ops
+from gateway.api.vectors import vectors
 from gateway.logs import configure_logging
 from gateway.metrics import mark_worker_dead
 from gateway.service.admin import ModelAdmin
@@ -57,6 +58,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     )
     install_error_handlers(app)
     app.include_router(api)
+    app.include_router(vectors)
     app.include_router(ops)
     app.include_router(admin)
     if settings.docs:

@@ -35,6 +35,7 @@ from gateway.service.admission import Backlog
 log = logging.getLogger("gateway.scheduler")
 
 # (input_ids, attention_mask, token_type_ids) [rows, width] int32, deadline -> outputs [rows, width_out] float32
+# (a per-token output: [rows, width, ...], of which each row's first `length` tokens are its own)
 RunBatch = Callable[[np.ndarray, np.ndarray, np.ndarray, float], Awaitable[np.ndarray]]
 
 
@@ -65,7 +66,8 @@ class _Caller:
 
     __slots__ = ("future", "outputs", "remaining", "deadline", "batches", "trace")
 
-    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray, deadline: float) -> None:
+    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray | list[np.ndarray | None],
+                 deadline: float) -> None:
         self.future = future
         self.outputs = outputs
         self.remaining = len(outputs)
@@ -98,9 +100,11 @@ class _Row:
 class BatchScheduler:
     """The queue and batch former of one model step in one gateway worker."""
 
-    def __init__(self, name: str, width: int, policy: BatchPolicy, run_batch: RunBatch, metrics: BatchMetrics) -> None:
+    def __init__(self, name: str, width: int, policy: BatchPolicy, run_batch: RunBatch, metrics: BatchMetrics,
+                 per_token: bool = False) -> None:
         self.name = name
         self.width = width
+        self.per_token = per_token  # outputs are per token: each text gets its own [length, ...] rows
         self.policy = policy
         self._run_batch = run_batch
         self._metrics = metrics
@@ -115,11 +119,13 @@ class BatchScheduler:
         return len(self._queue)
 
     async def submit(self, encoded: EncodedTexts, deadline: float) -> np.ndarray:
-        """Outputs [n, width] float32 of the tokenized texts, in order; `overloaded` at once when they
-        could not be served before `deadline` (time.monotonic())."""
+        """Outputs [n, width] float32 of the tokenized texts, in order (per token: a list of [length, ...]
+        arrays); `overloaded` at once when they could not be served before `deadline` (time.monotonic())."""
         self.backlog.admit(sum(len(ids) for ids in encoded.ids), deadline)
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline)
+        outputs: np.ndarray | list[np.ndarray | None] = (
+            [None] * len(encoded) if self.per_token else np.empty((len(encoded), self.width), dtype=np.float32))
+        caller = _Caller(future, outputs, deadline)
         caller.trace = tracing.queued(self.name, len(encoded), future)
         now = time.perf_counter()
         types = encoded.type_ids
@@ -199,7 +205,7 @@ class BatchScheduler:
             handle.served = True
             for row, output in zip(batch, outputs):
                 caller = row.caller
-                caller.outputs[row.index] = output
+                caller.outputs[row.index] = output[: row.length] if self.per_token else output
                 caller.remaining -= 1
                 if caller.remaining == 0 and not caller.future.done():
                     caller.future.set_result(caller.outputs)
