@@ -41,6 +41,9 @@ OPERATIONS = {
     "POST /v1/rerank",
     "POST /tokenize",
     "POST /decode",
+    "POST /embed_sparse",
+    "POST /embed_all",
+    "POST /embed_multi_vector",
     "GET /v1/models/{model_id}",
     "GET /admin/models",
     "GET /admin/models/{name}",
@@ -52,9 +55,10 @@ ADMIN = {label for label in OPERATIONS if " /admin/" in label}
 # The fake repository serves no reranker and no tokenizer the gateway can read: these operations
 # answer 404 / 501 there (their 200s are tested in test_peer_api.py). The admin routes are off here
 # (no GATEWAY_ADMIN_KEYS: 404; fuzzing them with a key would unload the shared server's models):
-# tests/gateway/test_admin.py covers them.
+# tests/gateway/test_admin.py covers them. The fake models have no sparse or per-token outputs (424;
+# tests/gateway/test_long_sparse_vectors.py serves them).
 NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /decode", "GET /v1/models/{model_id}",
-                   *ADMIN}
+                   "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector", *ADMIN}
 MAX_EXAMPLES = 50  # per operation and generation mode, on top of the schema's examples and the coverage phase
 # Every error type a 4xx may carry; gateway/README.md's error table documents each.
 ERROR_TYPES_4XX = {
@@ -62,7 +66,8 @@ ERROR_TYPES_4XX = {
     "unsupported_dimensions", "authentication_error", "model_not_found", "not_found", "method_not_allowed",
     "body_too_large", "too_many_inputs", "input_too_long", "unsupported_media_type", "validation_error",
     "rate_limited", "pairs_required", "pairs_not_supported", "unknown_prompt", "invalid_token_id",
-    "token_input_unsupported", "prompt_with_token_input", "forbidden",
+    "token_input_unsupported", "prompt_with_token_input", "forbidden", "sparse_not_supported",
+    "output_not_available",
 }
 CONFIG = {
     "seed": 20261123,
