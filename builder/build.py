@@ -19,6 +19,7 @@ import onnxruntime as ort
 from builder import configs, tensorrt_engine
 from builder.checks import check_names, check_options
 from builder.errors import BuildError
+from builder.attention import ATTENTION, FUSED_EXPORT_TYPES
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import (
     Manifest,
@@ -389,6 +390,23 @@ def _check(result: ParityResult, planned: PlannedBuild, log: Log) -> None:
         raise BuildError(f"{planned.settings.name}: parity failed, nothing published: {result.summary()}")
 
 
+def _fused_export(planned: PlannedBuild, staging: Path, log: Log) -> Path | None:
+    """The export with onnxruntime's MultiHeadAttention written in (builder/attention.py), for models whose
+    attention the optimizer cannot fuse (ModernBERT); None, with a notice, when that export fails."""
+    s = planned.settings
+    path = staging / f".{s.name}_export" / "fused" / "model.onnx"
+    path.parent.mkdir(parents=True)
+    try:
+        with _step(log, f"{s.name}: exporting ONNX with fused MultiHeadAttention"):
+            fused = load_repository_model(planned.source.path, s, attn_implementation=ATTENTION)
+            export_onnx(fused, s.output_names, path, s.opset)
+    except Exception as exc:  # noqa: BLE001 - the plain export still works
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log(f"notice: {s.name}: the export with fused attention failed ({reason}); using the plain export")
+        return None
+    return path
+
+
 def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[ParityResult], OnnxFacts]:
     """Write every entry of one model into `staging`; raise BuildError when parity fails."""
     s, entries = planned.settings, planned.entries
@@ -415,6 +433,9 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         export_onnx(model, s.output_names, raw_path, s.opset)
     config = model.model.config
     del model
+    optimizer_input = raw_path
+    if "onnx" in entries and s.onnx_optimize and config.model_type in FUSED_EXPORT_TYPES:
+        optimizer_input = _fused_export(planned, staging, log) or raw_path
     facts = OnnxFacts()
     results: list[ParityResult] = []
     if "onnx" in entries:
@@ -426,7 +447,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                 heads = int(getattr(config, "num_attention_heads", 0) or 0)
                 hidden = int(getattr(config, "hidden_size", 0) or 0)
                 with _step(log, f"{s.name}: optimizing the ONNX graph ({s.onnx_precision})"):
-                    facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden,
+                    facts.fused_ops = optimize_for_onnxruntime(optimizer_input, onnx_path, heads, hidden,
                                                                float16=s.onnx_precision == "fp16")
                 facts.optimized = True
                 facts.precision = s.onnx_precision

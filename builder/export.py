@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, PreTrainedModel
 
+from builder.attention import padding_mask
 from builder.errors import BuildError
 from builder.settings import ResolvedSettings
 from builder.source import COLBERT_HEAD_FILE, SPARSE_HEAD_FILE
@@ -47,12 +48,15 @@ class RepositoryModel(nn.Module):
         if self.uses_token_types:
             kwargs["token_type_ids"] = token_type_ids.to(torch.int64)
         else:  # keep the third input in the graph so every model has the same interface
-            kwargs["attention_mask"] = mask + token_type_ids.to(torch.int64) * 0
+            mask = mask + token_type_ids.to(torch.int64) * 0
+            kwargs["attention_mask"] = mask
+        with padding_mask(mask):  # for the export's own fused attention (builder/attention.py), when used
+            result = self.model(**kwargs)
         if self.task in ("classify", "rerank"):
-            return self.model(**kwargs).logits.float()
+            return result.logits.float()
         if self.task == "sparse-embed":
-            return self._splade(self.model(**kwargs).logits.float(), mask)
-        hidden = self.model(**kwargs).last_hidden_state.float()
+            return self._splade(result.logits.float(), mask)
+        hidden = result.last_hidden_state.float()
         pooled = self._pool(hidden, mask)
         if not self.token_outputs:
             return pooled
@@ -138,7 +142,7 @@ def export_onnx(model: RepositoryModel, output_names: list[str], path: Path, ops
     axes[output_names[0]] = {0: "batch"}
     for name in output_names[1:]:
         axes[name] = {0: "batch", 1: "sequence"}
-    with torch.inference_mode(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings():  # not inference_mode: it breaks tracing autograd.Functions
         warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
@@ -148,6 +152,7 @@ def export_onnx(model: RepositoryModel, output_names: list[str], path: Path, ops
             output_names=list(output_names),
             dynamic_axes=axes,
             opset_version=opset,
+            custom_opsets={"com.microsoft": 1},  # builder/attention.py's MultiHeadAttention, when used
             do_constant_folding=True,
             dynamo=False,
         )
