@@ -72,12 +72,17 @@ def repository(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module")
-async def client(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+def triton(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     log = tmp_path_factory.mktemp("issue23_logs") / "triton.log"
     with TritonServer(repository=repository, log_path=log) as server:
-        async with running_gateway(server.grpc_url, repository=str(repository), shm_prefix="gw23",
-                                   max_input_chars=200_000) as (_, http):
-            yield http
+        yield server
+
+
+@pytest.fixture(scope="module")
+async def client(repository: Path, triton: TritonServer) -> AsyncIterator[httpx.AsyncClient]:
+    async with running_gateway(triton.grpc_url, repository=str(repository), shm_prefix="gw23",
+                               max_input_chars=200_000) as (_, http):
+        yield http
 
 
 def _tokens(model_dir: Path, text: str) -> int:
@@ -219,3 +224,19 @@ async def test_outputs_a_model_lacks_are_424(client: httpx.AsyncClient) -> None:
     cards = {c["id"]: c for c in (await client.get("/v1/models")).json()["data"]}
     assert cards["m3"]["token_outputs"] == ["token_embeddings", "token_weights", "colbert_vectors"]
     assert cards["splade5"]["task"] == "sparse-embed" and cards["splade5"]["token_outputs"] == []
+
+
+async def test_ensemble_pipeline_serves_splade_rows_but_not_per_token_outputs(
+        client: httpx.AsyncClient, triton: TritonServer) -> None:
+    """GATEWAY_PIPELINE=ensemble (or a tokenizer the gateway cannot read): SPLADE rows come through Triton's
+    ensemble, equal to the scheduler's; per-token outputs need the scheduler pipeline (501)."""
+    texts = [*SHORT, CJK[1]]
+    want = await _post(client, "/embed_sparse", {"model": "splade5", "inputs": texts})
+    async with running_gateway(triton.grpc_url, pipeline="ensemble", shm_prefix="gw23e") as (_, http):
+        got = await _post(http, "/embed_sparse", {"model": "splade5", "inputs": texts})
+        assert [[i["index"] for i in row] for row in got] == [[i["index"] for i in row] for row in want]
+        np.testing.assert_allclose([i["value"] for row in got for i in row], [i["value"] for row in want for i in row],
+                                   rtol=1e-5)
+        for route, name in (("/embed_all", "e5"), ("/embed_sparse", "m3"), ("/embed_multi_vector", "m3")):
+            response = await http.post(route, json={"model": name, "inputs": ["hello"]})
+            assert response.status_code == 501 and response.json()["error"]["type"] == "pipeline_unsupported"
