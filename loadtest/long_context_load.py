@@ -16,6 +16,8 @@ Variants (the same builder, the older behaviour switched back on for the "before
 - `after`: both changes (warm-up bounded by the budget; ModernBERT's attention fused into MultiHeadAttention).
 
     python -m loadtest.long_context_load --out loadtest/results/local-2core-23-long-context
+    python3 -m loadtest.long_context_load --device gpu --shape base --models modernbert-8k --variants before,after \
+        --rounds 1 --out $OUT/results/h100-23-long-context-modernbert        # on the GPU host (device README)
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ from loadtest.machine import describe_machine
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.fixtures.tiny_models import write_tiny_modernbert, write_tiny_xlmr
 
-MODELS: dict[str, Callable[[Path], Path]] = {
+MODELS: dict[str, Callable[..., Path]] = {
     "modernbert-8k": write_tiny_modernbert,
-    "xlmr-8k (bge-m3 shape)": lambda d: write_tiny_xlmr(d, "bge-m3"),
+    "xlmr-8k (bge-m3 shape)": lambda d, **sizes: write_tiny_xlmr(d, "bge-m3", **sizes),
+}
+# --shape base: the sizes of the models teams deploy (random weights): ModernBERT-base (ruri-v3-310m,
+# gte-modernbert-base) and XLM-R large (bge-m3)
+BASE_SIZES: dict[str, dict[str, int]] = {
+    "modernbert-8k": {"hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
+                      "num_attention_heads": 12, "local_attention": 128},
+    "xlmr-8k (bge-m3 shape)": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                               "num_attention_heads": 16},
 }
 VARIANTS = {"modernbert-8k": ("before", "warm-up bounded", "after"), "xlmr-8k (bge-m3 shape)": ("before", "after")}
 
@@ -101,15 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a load may take")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                   help="gpu: KIND_GPU model steps (fp16, declared shapes warmed at load; onnxruntime-gpu in the stub)")
+    p.add_argument("--shape", choices=["tiny", "base"], default="tiny", help="base: real model sizes (random weights)")
+    p.add_argument("--variants", default="before,warm-up bounded,after",
+                   help="comma list of the variants to build and load (those a model has)")
     p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="long-context-load-"))
-    settings: dict[str, Any] = {**PYTHON_CPU, "max_batch_size": 64}
+    settings: dict[str, Any] = {**PYTHON_CPU, "device": args.device, "max_batch_size": 64}
     repos: dict[tuple[str, str], Path] = {}
     for model in args.models.split(","):
-        source = MODELS[model](work / "models" / model.split()[0])
-        for variant in VARIANTS[model]:
+        sizes = BASE_SIZES[model] if args.shape == "base" else {}
+        source = MODELS[model](work / "models" / model.split()[0], **sizes)
+        for variant in [v for v in VARIANTS[model] if v in args.variants.split(",")]:
             repo = work / "repos" / f"{model.split()[0]}-{variant.replace(' ', '-')}"
             repo.parent.mkdir(parents=True, exist_ok=True)
             with _variant(variant):
@@ -134,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"name": "long-context-load", "machine": describe_machine().model_dump(),
               "versions": {"onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
                            "transformers": transformers.__version__, "tritonserver": "2.51 (nvidia-pytriton 0.7.0)"},
-              "settings": {**settings, "max_seq_len": 8192, "max_batch_tokens": 16384, "rounds": args.rounds,
+              "settings": {**settings, "shape": args.shape, "max_seq_len": 8192, "max_batch_tokens": 16384,
+                           "rounds": args.rounds,
                            "cpu_count": os.cpu_count()}, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(record, indent=2))

@@ -65,3 +65,15 @@ def test_modernbert_attention_smoke_compares_fused_and_plain_exports(tmp_path: P
     assert {(r["variant"], r["shape"]) for r in record["rows"]} == {
         (v, s) for v in record["fused_ops"] for s in ("1x96", "2x200")}
     assert all(r["error"] is None and r["min_cosine_vs_fp32"] > 0.9999 for r in record["rows"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_long_context_load_measures_every_variant(tmp_path: Path) -> None:
+    """loadtest.long_context_load end to end (slow: builds and loads an 8k model twice, ~25 s here):
+    `pytest -m slow tests/loadtest/test_benchmark_scripts.py -k long_context`."""
+    run_module("loadtest.long_context_load", "--rounds", "1", "--models", "modernbert-8k", "--variants",
+               "warm-up bounded,after", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=900)
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["warm-up bounded", "after"]
+    assert all(r["load_s"] > 0 and r["peak_rss_gib"] > 0 for r in rows)
