@@ -9,8 +9,9 @@ the peak resident memory of Triton's process group (tritonserver and its python-
 
 Variants (the same builder, the older behaviour switched back on for the "before" ones):
 - `before`: the `max_length` warm-up sample has max-batch-size rows of max-seq-len tokens (64 x 8,192),
-  which the python runner cuts into calls of its 16,384-token budget (32 calls of 2 x 8,192), and
-  ModernBERT's attention is the plain export's (unfused, its window applied as a mask);
+  which the python runner cuts into calls of its 16,384-token budget (32 calls of 2 x 8,192),
+  ModernBERT's attention is the plain export's (unfused, its window applied as a mask), and GPU builds
+  declare widths up to 512, then 8,192;
 - `warm-up bounded`: the warm-up sample holds what one call's token budget holds (2 x 8,192), attention as
   before (ModernBERT only);
 - `after`: both changes (warm-up bounded by the budget; ModernBERT's attention fused into MultiHeadAttention).
@@ -60,9 +61,13 @@ def _variant(name: str) -> Iterator[None]:
     import builder.build
     import builder.configs
 
-    rows, fused = builder.configs.warmup_max_length_rows, builder.build.FUSED_EXPORT_TYPES
+    from contract.batching import GPU_WIDTHS
+
+    rows, fused, widths = builder.configs.warmup_max_length_rows, builder.build.FUSED_EXPORT_TYPES, builder.build.default_widths
     if name == "before":
         builder.configs.warmup_max_length_rows = lambda s: s.max_batch_size  # type: ignore[assignment]
+        # GPU builds: widths up to 512, then max_seq_len itself
+        builder.build.default_widths = lambda m: tuple(sorted({w for w in GPU_WIDTHS if w < m} | {m}))  # type: ignore
     if name in ("before", "warm-up bounded"):
         builder.build.FUSED_EXPORT_TYPES = frozenset()  # type: ignore[misc]
     try:
@@ -70,6 +75,7 @@ def _variant(name: str) -> Iterator[None]:
     finally:
         builder.configs.warmup_max_length_rows = rows  # type: ignore[assignment]
         builder.build.FUSED_EXPORT_TYPES = fused  # type: ignore[misc]
+        builder.build.default_widths = widths  # type: ignore[assignment]
 
 
 def _rss_kib(pid: int) -> int:
