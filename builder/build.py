@@ -211,6 +211,10 @@ def _embed_settings(request: BuildRequest, source: ModelSource, st: SentenceTran
                          "+ SpladePooling); --task embed would serve mean-pooled hidden states instead of its sparse "
                          "vectors. Build it with --task sparse-embed")
     extra = st.unsupported_modules()
+    if extra and st.is_multi_vector:
+        raise BuildError(f"{request.name}: {request.model!r} is a multi-vector (ColBERT) model, which the builder "
+                         f"does not serve: its module(s) {', '.join(extra)} (and the query expansion and skiplist "
+                         "its encode applies) are not exported. bge-m3-style ColBERT heads (colbert_linear.pt) are")
     if extra:
         raise BuildError(f"{request.name}: the model's modules.json has module(s) the export cannot run "
                          f"({', '.join(extra)}); an embedder may have only Transformer, Pooling and Normalize")

@@ -211,6 +211,12 @@ class SentenceTransformersConfig:
         return (self.model_type == "SparseEncoder" or "MLMTransformer" in classes or "SpladePooling" in classes
                 or self.transformer_task == "fill-mask")
 
+    @property
+    def is_multi_vector(self) -> bool:
+        """A ColBERT-style folder: sentence-transformers' MultiVectorEncoder, or a PyLate save."""
+        return self.model_type == "MultiVectorEncoder" or any(
+            m.startswith("pylate.") or m.endswith("MultiVectorMask") for m in self.modules or ())
+
     def unsupported_modules(self) -> list[str]:
         """Modules the export of this layout cannot run (their modules.json types)."""
         allowed = (*_ENCODER_MODULES, *_SPARSE_MODULES) if self.is_sparse_encoder else ("Transformer", *_DENSE_MODULES)

@@ -145,3 +145,23 @@ def test_declared_widths_of_an_8k_model_and_its_batches() -> None:
     plan = plan_batches(lengths, shapes, max_rows=64, max_tokens=16384, call_cost_tokens=1024)
     batches = [sorted(lengths[i] for i in members) for members, _ in plan]
     assert [9, 12, 15, 20] in batches and all(len(b) <= 2 for b in batches if max(b) > 1000)
+
+
+@pytest.mark.parametrize("layout", ["st6", "pylate"])
+def test_colbert_folders_are_refused_naming_their_modules(dirs: dict[str, Path], tmp_path: Path, layout: str) -> None:
+    """sentence-transformers 6 MultiVectorEncoder saves and PyLate saves: refused, never served as pooled vectors."""
+    if layout == "st6":
+        types = ["sentence_transformers.base.modules.transformer.Transformer",
+                 "sentence_transformers.base.modules.dense.Dense",
+                 "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask"]
+    else:
+        types = ["sentence_transformers.models.Transformer", "pylate.models.Dense.Dense"]
+    target = tmp_path / layout
+    shutil.copytree(dirs["dense"], target)
+    (target / "modules.json").write_text(json.dumps(
+        [{"idx": i, "name": str(i), "path": "" if i == 0 else f"{i}_M", "type": t} for i, t in enumerate(types)]))
+    if layout == "st6":
+        config = json.loads((target / "config_sentence_transformers.json").read_text())
+        (target / "config_sentence_transformers.json").write_text(json.dumps({**config, "model_type": "MultiVectorEncoder"}))
+    with pytest.raises(BuildError, match=f"multi-vector \\(ColBERT\\) model.*{types[1].replace('.', '[.]')}"):
+        _resolve(target, "embed")
