@@ -347,7 +347,10 @@ class Inference:
             sizes = {name: tokens * 4 for name in TOKEN_INPUTS}
             sizes[output] = tokens * max(dim, 1) * 4
             await self.client.ensure_pool(pool, sizes, policy.max_in_flight + 1)
-        except GatewayError:
+        except GatewayError:  # Triton unavailable: made again, pool included, on the next request
+            if self.token_pipelines.get(key) is pipeline:
+                del self.token_pipelines[key]
+            await scheduler.close()
             raise
         except Exception:  # noqa: BLE001 - the output still goes over plain gRPC
             log.exception("%s: could not set up shared memory for %s; it goes over plain gRPC", model.name, output)
