@@ -12,6 +12,8 @@ PyTorch runs the same weights with SDPA (fp16 on a GPU). Outputs are compared wi
 
     python3 -m loadtest.modernbert_attention --name h100 --out $OUT/results      # on the GPU host
     python -m loadtest.modernbert_attention --smoke --out /tmp/mb                  # here
+    python -m loadtest.modernbert_attention --smoke --shapes 1x512,1x2048,2x8192 --repeats 5 --name local-2core-23 \
+        --out loadtest/results                                                    # tiny model, CPU figures
 """
 
 from __future__ import annotations
@@ -144,35 +146,37 @@ import onnxruntime as ort
 spec = json.loads(sys.stdin.read())
 cuda = "CUDAExecutionProvider" in ort.get_available_providers()
 providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-out = {"onnxruntime": ort.__version__, "providers": providers, "variants": {}}
+out = {"onnxruntime": ort.__version__, "providers": providers, "variants": {n: {} for n in spec["variants"]}}
+sessions = {}
 for name, path in spec["variants"].items():
-    res = out["variants"][name] = {}
     try:
-        sess = ort.InferenceSession(path, providers=providers)
+        sessions[name] = ort.InferenceSession(path, providers=providers)
     except Exception as exc:
-        res["error"] = str(exc).splitlines()[0][:300]
-        continue
-    for key, feed in spec["inputs"].items():
-        feed = {k: np.asarray(v, dtype=np.int32) for k, v in feed.items()}
+        out["variants"][name]["error"] = str(exc).splitlines()[0][:300]
+for key, feed in spec["inputs"].items():
+    feed = {k: np.asarray(v, dtype=np.int32) for k, v in feed.items()}
+    runs, samples = {}, {}
+    for name, sess in sessions.items():  # first runs, and what each variant answers
         try:
             if cuda:
                 binding = sess.io_binding()
                 for k, v in feed.items():
                     binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
                 binding.bind_output(sess.get_outputs()[0].name, "cuda")
-                run = lambda: (sess.run_with_iobinding(binding), binding.synchronize_outputs())
+                run = lambda s=sess, b=binding: (s.run_with_iobinding(b), b.synchronize_outputs())
             else:
-                run = lambda: sess.run(None, feed)
+                run = lambda s=sess: s.run(None, feed)
             first = time.perf_counter(); run(); first = time.perf_counter() - first
-            for _ in range(2):
-                run()
-            samples = []
-            for _ in range(spec["repeats"]):
-                t0 = time.perf_counter(); run(); samples.append(time.perf_counter() - t0)
-            output = sess.run(None, feed)[0]
-            res[key] = {"ms": float(np.median(samples) * 1e3), "first_ms": first * 1e3, "output": output.tolist()}
+            run()
+            runs[name], samples[name] = run, []
+            out["variants"][name][key] = {"first_ms": first * 1e3, "output": sess.run(None, feed)[0].tolist()}
         except Exception as exc:
-            res[key] = {"error": str(exc).splitlines()[0][:300]}
+            out["variants"][name][key] = {"error": str(exc).splitlines()[0][:300]}
+    for _ in range(spec["repeats"]):  # in turns: a shared machine's load weighs on every variant alike
+        for name, run in runs.items():
+            t0 = time.perf_counter(); run(); samples[name].append(time.perf_counter() - t0)
+    for name in runs:
+        out["variants"][name][key]["ms"] = float(np.median(samples[name]) * 1e3)
 print("ORT-RESULT " + json.dumps(out))
 """
 
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="local")
     p.add_argument("--smoke", action="store_true", help="tiny ModernBERT, tiny shapes, CPU: check the plumbing")
     p.add_argument("--ort-python", default=sys.executable, help="python with onnxruntime(-gpu) importable")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, help="runs timed per shape (default 10; --smoke 2)")
+    p.add_argument("--shapes", help="comma list of BATCHxSEQ (default 1x2048,8x8192; --smoke 1x96,2x200)")
     p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
@@ -208,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="modernbert-attention-"))
     shapes, shape = (SMOKE_SHAPES, TINY) if args.smoke else (SHAPES, BASE)
-    repeats = 2 if args.smoke else args.repeats
+    if args.shapes:
+        shapes = tuple(tuple(int(x) for x in item.split("x")) for item in args.shapes.split(","))  # type: ignore[misc]
+    repeats = args.repeats or (2 if args.smoke else 10)
     gpu = torch.cuda.is_available() and not args.smoke
     model_dir = make_modernbert(work / "model", shape)
     variants = export_variants(model_dir, work / "onnx", float16=gpu)
@@ -237,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# {record['name']}", "", __doc__.split("\n\n")[0].strip(), "",
              f"- machine: {record['machine']['gpu'] or 'no GPU'}; {record['machine']['cpu']}; "
              f"{record['machine']['measured_at']}", f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
-             f"- ModernBERT {record['model']}, median of {repeats} runs{' (smoke: figures mean nothing)' if args.smoke else ''}",
+             f"- ModernBERT {record['model']}, median of {repeats} runs{' (tiny model)' if args.smoke else ''}",
              "", "| variant | batch x seq | PyTorch SDPA ms | ORT ms | ORT first run ms | x PyTorch | min cosine vs fp32 |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
