@@ -36,15 +36,19 @@ def check_model(model: str) -> Path | None:
 
 def check_task_options(request: BuildRequest, task: Task) -> None:
     """Options that belong to another task are errors, not silently ignored."""
-    embed_only = {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name,
-                  "--matryoshka-dims": request.matryoshka_dims}
+    embed_only = {"--matryoshka-dims": request.matryoshka_dims}
     for option, value in embed_only.items():
         if value is not None and task != "embed":
             raise UsageError(f"{request.name}: {option} is for --task embed only, not {task}")
+    for option, value in {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name}.items():
+        if value is not None and task not in ("embed", "sparse-embed"):
+            raise UsageError(f"{request.name}: {option} is for --task embed or sparse-embed only, not {task}")
+    if request.pooling is not None and task == "sparse-embed":
+        raise UsageError(f"{request.name}: --pooling is for --task embed; sparse-embed pools as its SpladePooling says")
     if request.score_label is not None and task != "rerank":
         raise UsageError(f"{request.name}: --score-label is for --task rerank only, not {task}")
-    if request.pairs and task == "embed":
-        raise UsageError(f"{request.name}: --pairs is for --task classify (rerank always takes pairs), not embed")
+    if request.pairs and task in ("embed", "sparse-embed"):
+        raise UsageError(f"{request.name}: --pairs is for --task classify (rerank always takes pairs), not {task}")
     if request.pairs is False and task == "rerank":
         raise UsageError(f"{request.name}: a rerank model always takes text pairs; drop pairs: false")
 

@@ -24,6 +24,7 @@ from gateway.api.routes import api, ops
 from gateway.api.shedding import SheddingGate
 from gateway.api.tei import tei
 from gateway.api.tei_errors import TeiErrorShape
+from gateway.api.vectors import vectors
 from gateway.logs import configure_logging
 from gateway.metrics import mark_worker_dead
 from gateway.service.admin import ModelAdmin
@@ -62,13 +63,14 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     )
     install_error_handlers(app)
     app.include_router(api)
+    app.include_router(vectors)
     app.include_router(ops)
     app.include_router(admin)
     app.include_router(tei)  # every model as a text-embeddings-inference server at /tei/{model}
     app.include_router(cohere)  # Cohere v2: /v2/embed, /v2/rerank
     if settings.docs:
         _serve_docs(app)
-    app.add_middleware(HotRoutes, routes=hot_routes([api, cohere]))  # innermost: the inference routes, lean
+    app.add_middleware(HotRoutes, routes=hot_routes([api, vectors, cohere]))  # innermost: the inference routes, lean
     app.add_middleware(SheddingGate, request_timeout_s=settings.request_timeout_s, pause_s=settings.shed_pause_s)
     app.add_middleware(
         RequestContextMiddleware,

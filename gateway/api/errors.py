@@ -29,6 +29,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.INTERNAL: 500,
     ErrorKind.NOT_IMPLEMENTED: 501,
     ErrorKind.UPSTREAM: 502,
+    ErrorKind.UNSUPPORTED_OUTPUT: 424,  # text-embeddings-inference's answer to /embed_sparse on a dense model
     ErrorKind.OVERLOADED: 503,
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.TIMEOUT: 504,

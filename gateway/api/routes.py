@@ -299,8 +299,11 @@ def _card(runtime: Runtime, m: ServedModel) -> dict[str, Any]:
         card.update(dimensions=m.embedding_dim, pooling=m.pooling, normalize=m.normalize, prompts=m.prompts,
                     default_prompt_name=m.default_prompt or None,
                     matryoshka_dimensions=sorted({*m.matryoshka_dims, m.embedding_dim}) if m.matryoshka_dims else None)
+    elif m.task == "sparse-embed":
+        card.update(dimensions=m.embedding_dim, prompts=m.prompts, default_prompt_name=m.default_prompt or None)
     else:
         card["labels"] = list(m.labels)
+    card["token_outputs"] = [name for name, _ in m.endpoint(None).token_outputs]
     return card
 
 
