@@ -24,7 +24,8 @@ def _choices(literal: Any) -> list[str]:
 # Options shared by the CLI and spec entries (field name -> argparse keyword arguments).
 _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "model": {"help": "hub id or local directory"},
-    "task": {"choices": list(TASKS), "help": "what the model does (rerank: a cross-encoder scoring text pairs)"},
+    "task": {"choices": list(TASKS), "help": "what the model does (rerank: a cross-encoder scoring text pairs; "
+             "sparse-embed: a SPLADE SparseEncoder or masked LM)"},
     "name": {"help": "NAME of the repository entries (NAME_onnx, NAME_onnx_ensemble, ...)"},
     "revision": {"help": "hub revision (branch, tag or commit)"},
     "formats": {"metavar": ",".join(_choices(Format)),

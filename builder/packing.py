@@ -12,7 +12,8 @@ From the optimizer's MultiHeadAttention-fused graph (fp16 on GPU builds), in two
    slots, real tokens first), each token's position and its row are computed in the graph from
    `cu_seqlens` (no value of it flows into a shape, so nothing is copied back to the host); the
    embeddings run on the T tokens with position ids restarting per row (plus the RoBERTa/XLM-R
-   offset); pooling (mean, CLS, last token) and the classifier head run on [T, H].
+   offset); pooling (mean, CLS, last token) and the classifier head run on [T, H]; per-token outputs
+   (the last hidden state, bge-m3's heads) come out [T, ...], their ops' axes adapted.
 
 Two forms of the same contract:
 - GPU form (`gpu`): PackedMultiHeadAttention, which onnxruntime's CUDA provider runs with
@@ -173,10 +174,9 @@ def truly_packed(model: onnx.ModelProto, *, task: str, pooling: str | None, offs
         remove, restore = the_node(g, "RemovePadding"), the_node(g, "RestorePadding")
     except ValueError as exc:
         raise PackingError(f"not a packing-mode graph: {exc}") from None
-    if len(g.output) != 1:
-        raise PackingError(f"the packed layout carries one output, the graph has {len(g.output)}: "
-                           f"{[o.name for o in g.output]}")
-    output = g.output[0]
+    output, per_token = g.output[0], list(g.output[1:])
+    if per_token and task != "embed":
+        raise PackingError(f"per-token outputs of a {task} graph: {[o.name for o in per_token]}")
     w = NodeWriter(g, "packed/")
     old_inputs = [i.name for i in g.input]
     del g.input[:]
@@ -202,20 +202,91 @@ def truly_packed(model: onnx.ModelProto, *, task: str, pooling: str | None, offs
         for node in [n for n in g.node if output.name in n.output]:
             g.node.remove(node)  # the padded pooling; prune drops what only it read
         w.op("Identity", [_pool(w, packed_hidden, idx, pooling or "mean", float16)], [output.name])
+        # per-token outputs: their ops (or the output itself) now read the packed [T, hidden] states
+        w.op("Identity", [packed_hidden], [restored])
     else:
         _repoint_head(g, restored, packed_hidden, idx.starts)
-    dims = output.type.tensor_type.shape.dim
-    if dims:
-        dims[0].Clear()
-        dims[0].dim_param = "rows"
+    _first_dim(output, "rows")
+    for tensor in per_token:  # [batch, sequence, ...] -> [tokens, ...]
+        dims = tensor.type.tensor_type.shape.dim
+        if len(dims) >= 2:
+            del dims[0]
+        _first_dim(tensor, "tokens")
     del g.value_info[:]
-    prune(g, [output.name])
+    prune(g, [o.name for o in g.output])
     ensure_opset(model)
     try:
         topological_sort(g)
     except ValueError as exc:  # a node still reads the padded interface (attention_mask, RestorePadding's output)
         raise PackingError(f"the packed graph is incomplete: {exc}") from None
+    if per_token:
+        _shift_token_axes(g, w, restored)
     return model
+
+
+# Ops whose axes are attributes or constant inputs: on the per-token path their data lost a dimension
+# ([batch, sequence, ...] -> [tokens, ...]), so a positive axis >= 2 becomes one less (negative ones stay).
+_AXIS_ATTRIBUTES = {"Softmax": "axis", "LogSoftmax": "axis", "LpNormalization": "axis", "Concat": "axis",
+                    "Split": "axis", "Flatten": "axis", "ArgMax": "axis", "ArgMin": "axis", "Hardmax": "axis"}
+_AXES_OPS = {"Squeeze", "Unsqueeze", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax",
+             "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare"}
+# rank-agnostic: elementwise, MatMul on the last axis, and shape plumbing that follows the data
+_RANK_FREE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Relu", "Sigmoid", "Tanh", "Erf", "Gelu", "FastGelu",
+              "BiasGelu", "Clip", "Max", "Min", "Abs", "Neg", "Exp", "Log", "Cast", "Identity", "MatMul",
+              "Expand", "Shape", "Where", "Equal", "Less", "Greater", "Not", "LayerNormalization",
+              "SkipLayerNormalization"}
+
+
+def _shift_token_axes(g: onnx.GraphProto, w: NodeWriter, start: str) -> None:
+    """Adapt the per-token ops downstream of `start` (now [T, ...]) to their data's lost leading dimension; a
+    PackingError for an op that works across rows (axis 0 or 1 of [batch, sequence, ...]) or that this does not
+    know."""
+    shifted = {start}
+    for node in list(g.node):
+        if not any(name in shifted for name in node.input):
+            continue
+        if node.op_type != "Shape":  # a shape vector is plumbing for Expand and the like, not per-token data
+            shifted.update(o for o in node.output if o)
+        if node.op_type in _RANK_FREE:
+            continue
+        if node.op_type in _AXIS_ATTRIBUTES:
+            _shift_attribute(node, _AXIS_ATTRIBUTES[node.op_type])
+        elif node.op_type in _AXES_OPS:
+            if any(a.name == "axes" for a in node.attribute):
+                _shift_attribute(node, "axes")
+            elif len(node.input) > 1 and node.input[1]:
+                axes = constant_value(g, node.input[1])
+                if axes is None:
+                    raise PackingError(f"{node.op_type} {node.name!r} on a per-token output has computed axes")
+                node.input[1] = w.const("token_axes", [_shifted(int(a), node) for a in axes.ravel()], np.int64)
+            else:
+                raise PackingError(f"{node.op_type} {node.name!r} reduces a per-token output over every axis")
+        else:
+            raise PackingError(f"{node.op_type} {node.name!r} on a per-token output has no packed form here")
+
+
+def _shifted(axis: int, node: onnx.NodeProto) -> int:
+    if 0 <= axis <= 1:
+        raise PackingError(f"{node.op_type} {node.name!r} works across the batch or sequence axis of a per-token output")
+    return axis - 1 if axis > 1 else axis
+
+
+def _shift_attribute(node: onnx.NodeProto, name: str) -> None:
+    for a in node.attribute:
+        if a.name == name:
+            if a.type == onnx.AttributeProto.INTS:
+                values = [_shifted(int(v), node) for v in a.ints]
+                del a.ints[:]
+                a.ints.extend(values)
+            else:
+                a.i = _shifted(int(a.i), node)
+
+
+def _first_dim(tensor: onnx.ValueInfoProto, name: str) -> None:
+    dims = tensor.type.tensor_type.shape.dim
+    if dims:
+        dims[0].Clear()
+        dims[0].dim_param = name
 
 
 def _rewire_embeddings(g: onnx.GraphProto, w: NodeWriter, hidden: str, positions: str, old_inputs: list[str]) -> bool:

@@ -26,7 +26,13 @@ class ErrorKind(StrEnum):
     UPSTREAM = "upstream_error"  # Triton answered something the contract does not allow
     TIMEOUT = "timeout"
     NOT_IMPLEMENTED = "not_implemented"  # the deployment cannot do this (e.g. no tokenizer readable here)
+    UNSUPPORTED_OUTPUT = "unsupported_output"  # the model has no such output (e.g. /embed_sparse on a dense model)
     INTERNAL = "internal_error"
+
+
+# Error types of the peer-protocol routes (api/tei.py, api/cohere.py), more specific than their kind.
+EMPTY_INPUT = "empty_input"  # INVALID: an empty text or list (what TEI answers as its `Empty`, 400)
+UNSUPPORTED_OPTION = "unsupported_option"  # INVALID: a protocol option the gateway cannot honour exactly
 
 
 class GatewayError(Exception):

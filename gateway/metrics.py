@@ -14,8 +14,8 @@ Final names (the Grafana dashboard is built from them; all prefixed `gateway_`):
 | gateway_in_flight_requests | gauge | (none) |
 | gateway_errors_total | counter | type (the error `type` of the JSON error body) |
 | gateway_batch_size | histogram | model: texts per batch the scheduler formed |
-| gateway_batch_tokens | histogram | model: tokens computed per batch (rows x padded width) |
-| gateway_scheduled_tokens_total | counter | model, kind (`real`: the texts' own tokens; `computed`: rows x padded width) |
+| gateway_batch_tokens | histogram | model: tokens computed per batch (rows x padded width; the real tokens of a packed batch) |
+| gateway_scheduled_tokens_total | counter | model, kind (`real`: the texts' own tokens; `computed`: rows x padded width, or the real tokens of a packed batch) |
 | gateway_batch_queue_seconds | histogram | model: how long the oldest text of a batch waited in the queue |
 | gateway_tokenize_seconds | histogram | model: tokenization time of one request in the gateway |
 | gateway_queued_texts | gauge | (none): texts waiting in the schedulers' queues |
@@ -114,13 +114,14 @@ BATCH_SIZE = Histogram(
 )
 BATCH_TOKENS = Histogram(
     "gateway_batch_tokens",
-    "Tokens computed per batch the gateway formed (rows x padded width).",
+    "Tokens computed per batch the gateway formed (rows x padded width; a packed batch's real tokens).",
     ("model",),
     buckets=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
 )
 BATCH_TOKENS_TOTAL = Counter(
     "gateway_scheduled_tokens_total",
-    "Tokens in the batches the gateway formed: kind=real (the texts' own) or computed (rows x padded width).",
+    "Tokens in the batches the gateway formed: kind=real (the texts' own) or computed (rows x padded width; "
+    "a packed step computes the real ones only).",
     ("model", "kind"),
 )
 QUEUE_WAIT = Histogram(
@@ -158,12 +159,13 @@ class BatchMetrics:
         self._wait = QUEUE_WAIT.labels(model)
         self.tokenize = TOKENIZE.labels(model)
 
-    def observe(self, rows: int, width: int, real: int, waited: float) -> None:
-        """One batch formed: `rows` texts padded to `width`, `real` tokens of their own, oldest waited `waited` s."""
+    def observe(self, rows: int, computed: int, real: int, waited: float) -> None:
+        """One batch formed: `rows` texts, `computed` tokens the step computes for them (rows x padded width,
+        or the real ones of a packed batch), `real` tokens of their own, the oldest waited `waited` s."""
         self._size.observe(rows)
-        self._tokens.observe(rows * width)
+        self._tokens.observe(computed)
         self._real.inc(real)
-        self._computed.inc(rows * width)
+        self._computed.inc(computed)
         self._wait.observe(waited)
 
     @staticmethod

@@ -45,6 +45,11 @@ class GatewaySettings(BaseSettings):
     max_batch_requests: int = Field(
         256, ge=1, description="Most texts in one batch (also capped by the model step's max_batch_size)."
     )
+    token_output_max_tokens: int = Field(
+        8192, ge=1, description="Token budget of one batch whose per-token outputs come back (/embed_all, "
+        "/embed_sparse of bge-m3-style models; at least max_seq_len): the shm regions of such an output hold "
+        "about 1.25 x this + max_seq_len tokens x floats per token x 4 bytes.",
+    )
     max_batches_in_flight: int = Field(
         2, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind them."
     )

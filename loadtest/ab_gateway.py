@@ -58,9 +58,23 @@ async def concurrent(client: httpx.AsyncClient, texts: list[str], clients: int, 
     return calls / (time.perf_counter() - start)
 
 
-async def measure(urls: dict[str, str], texts: list[str], rounds: int) -> dict[str, dict[str, list[float]]]:
-    results: dict[str, dict[str, list[float]]] = {label: {"1 text ms": [], "8 texts ms": [], "16 clients req/s": []}
-                                                  for label in LABELS}
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (a gateway's uvicorn workers)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in (process, *process.children(recursive=True)):
+        times = p.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int
+                  ) -> dict[str, dict[str, list[float]]]:
+    results: dict[str, dict[str, list[float]]] = {
+        label: {"1 text ms": [], "8 texts ms": [], "16 clients req/s": [], "gateway CPU us per 1-text request": []}
+        for label in LABELS}
     limits = httpx.Limits(max_connections=32)
     async with httpx.AsyncClient(base_url=urls["before"], limits=limits, timeout=60) as before, \
             httpx.AsyncClient(base_url=urls["after"], limits=limits, timeout=60) as after:
@@ -72,7 +86,9 @@ async def measure(urls: dict[str, str], texts: list[str], rounds: int) -> dict[s
                 client, out = clients[label], results[label]
                 out["1 text ms"].append(await sequential(client, texts, 1, 200) * 1e3)
                 out["8 texts ms"].append(await sequential(client, texts, 8, 50) * 1e3)
+                cpu = cpu_seconds(pids[label])
                 out["16 clients req/s"].append(await concurrent(client, texts, 16, 400))
+                out["gateway CPU us per 1-text request"].append((cpu_seconds(pids[label]) - cpu) / 400 * 1e6)
     return results
 
 
@@ -99,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                                    code_root=worktree, log_path=root / "before.log") as before, \
                     GatewayProcess(server.grpc_url, settings={**settings, "shm_prefix": "abafter"},
                                    log_path=root / "after.log") as after:
-                results = asyncio.run(measure({"before": before.url, "after": after.url}, texts, args.rounds))
+                assert before.process is not None and after.process is not None
+                results = asyncio.run(measure({"before": before.url, "after": after.url},
+                                              {"before": before.process.pid, "after": after.process.pid},
+                                              texts, args.rounds))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO_ROOT, check=False)
     rows = ["| measure | before | after | after/before |", "| --- | --- | --- | --- |"]
@@ -109,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(rows)
     head = (f"before = {args.before}, after = working tree; small BERT embedder (--runtime python, CPU, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
-            "alternating rounds")
+            "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase")
     print(head + "\n\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Optional bearer API keys (off when GATEWAY_API_KEYS is empty); keys are never logged.
 
 Checked by the request-context middleware before the body is read, so a client without a key
-costs no body parsing. Health, readiness, metrics and the docs stay public (TEI's split).
+costs no body parsing. Health, readiness, metrics and the docs stay public (TEI's split), and so
+does each model's TEI health route, `/tei/{model}/health`.
 The admin routes (/admin/...) take only admin keys (GATEWAY_ADMIN_KEYS) and are off without one.
 """
 
@@ -16,7 +17,13 @@ ADMIN_PREFIX = "/admin/"
 
 
 def is_public(path: str) -> bool:
-    return path in PUBLIC_PATHS or path.startswith("/docs/")
+    return path in PUBLIC_PATHS or path.startswith("/docs/") or is_tei_health(path)
+
+
+def is_tei_health(path: str) -> bool:
+    """`/tei/{model}/health`: public, as text-embeddings-inference's own /health is."""
+    parts = path.split("/")
+    return len(parts) == 4 and parts[1] == "tei" and bool(parts[2]) and parts[3] == "health"
 
 
 def key_matches(supplied: bytes, keys: list[str]) -> bool:

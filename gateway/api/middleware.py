@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.auth import check_admin_key, check_api_key, is_admin, is_public
 from gateway.api.errors import error_response, gateway_error_response
-from gateway.api.shedding import TASK_OF_PATH
+from gateway.api.shedding import inference_route
 from gateway.errors import GatewayError
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
 
@@ -153,7 +153,8 @@ class RequestContextMiddleware:
     def _record(scope: Scope, rid: str, status: int, elapsed: float) -> None:
         route = scope.get("route")
         # an inference route refused before routing (a missing key, a shedding model) is still counted as that route
-        path = getattr(route, "path", None) or (scope["path"] if scope["path"] in TASK_OF_PATH else "unmatched")
+        known = inference_route(scope["path"])
+        path = getattr(route, "path", None) or (known[0] if known else "unmatched")
         state = scope.get("state") or {}
         model = str(state.get("model", ""))
         if path not in _UNTRACKED:

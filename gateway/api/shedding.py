@@ -30,14 +30,31 @@ from gateway.service.registry import Task
 if TYPE_CHECKING:
     from gateway.service.runtime import Runtime
 
-# The inference routes, by the task whose model they run.
+# The inference routes, by the task whose model they run (the body's `model` names it).
 TASK_OF_PATH: dict[str, Task] = {
     "/embed": "embed",
     "/v1/embeddings": "embed",
     "/classify": "classify",
     "/rerank": "rerank",
     "/v1/rerank": "rerank",
+    "/v2/embed": "embed",
+    "/v2/rerank": "rerank",
 }
+# TEI's routes per model (/tei/{model}/...; api/tei.py): the path names the model. None: the model's own task.
+TEI_PREFIX = "/tei/"
+TEI_TASKS: dict[str, Task | None] = {"": None, "/embed": "embed", "/predict": "classify", "/rerank": "rerank"}
+
+
+def inference_route(path: str) -> tuple[str, Task | None, str | None] | None:
+    """(route template, task, model named by the path) of an inference route; None for any other path."""
+    if path in TASK_OF_PATH:
+        return path, TASK_OF_PATH[path], None
+    if path.startswith(TEI_PREFIX):
+        model, _, rest = path[len(TEI_PREFIX):].partition("/")
+        suffix = f"/{rest}" if rest else ""
+        if model and suffix in TEI_TASKS:
+            return f"{TEI_PREFIX}{{model}}{suffix}", TEI_TASKS[suffix], model
+    return None
 
 
 def _fields(body: bytes) -> tuple[str | None, str | None] | None:
@@ -61,18 +78,20 @@ class SheddingGate:
         self.pause_s = pause_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = TASK_OF_PATH.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        runtime: Runtime | None = getattr(scope["app"].state, "runtime", None) if task else None
-        if task is None or runtime is None or not runtime.inference.shedding():
+        route = inference_route(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        runtime: Runtime | None = getattr(scope["app"].state, "runtime", None) if route else None
+        if route is None or runtime is None or not runtime.inference.shedding():
             await self.app(scope, receive, send)
             return
+        _, task, path_model = route
         body, rest = await _read_body(receive)
         fields = _fields(body)
         if fields is not None:
+            model = path_model or fields[0]
             try:
-                runtime.check_admission(fields[0], task, fields[1], time.monotonic() + self.request_timeout_s)
+                runtime.check_admission(model, task, fields[1], time.monotonic() + self.request_timeout_s)
             except GatewayError as exc:
-                scope.setdefault("state", {})["model"] = fields[0] or ""
+                scope.setdefault("state", {})["model"] = model or ""
                 pause = min(self.pause_s, exc.retry_after_s or 0.0)
                 if pause > 0:
                     await asyncio.sleep(pause)

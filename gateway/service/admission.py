@@ -11,8 +11,10 @@ texts is not mistaken for a per-token cost.
 A request is refused (`overloaded`, 503, Retry-After = when the work ahead should be done) when
 the work ahead of it would take longer than `max_wait_s` or 80% of its remaining deadline. Its own
 size never counts: an idle model admits any request within the request limits, and so does a
-model whose cost is not measured yet. The check needs no tokenization, so it runs before any:
-`check()` first, `add()` once the request's size is known.
+model whose cost is not measured yet. The check needs no tokenization, so it runs before any; an
+admitted request is counted in at once with a guess of its size from its characters (so that a
+burst admitted while it is being tokenized is not invisible to the requests behind it), and
+corrected once it is tokenized.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class Backlog:
         self.service = ServiceTime()
         self.clock = BusyClock()
         self.call_latency_s = 0.0  # moving average of a call's wall time (queueing in Triton included)
+        self.units_per_char = 0.3  # tokens per character of text, learned: sizes a request before it is tokenized
         self.shedding = False  # the last check refused a request; cleared when one is admitted
 
     def pending_call_count(self) -> int:
@@ -153,6 +156,14 @@ class Backlog:
                 type="overloaded", retry_after_s=wait,
             )
         self.shedding = False
+
+    def guess_units(self, chars: int) -> int:
+        """What a text of `chars` characters is likely to bring, before it is tokenized."""
+        return max(1, round(chars * self.units_per_char))
+
+    def learn_units_per_char(self, chars: int, units: int) -> None:
+        if chars > 0:
+            self.units_per_char += 0.1 * (units / chars - self.units_per_char)
 
     def add(self, units: int, rows: int = 0, calls: int = 0) -> None:
         """Count an admitted request's work in (`calls`: the calls it makes, where callers make them)."""

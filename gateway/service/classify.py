@@ -39,8 +39,8 @@ def check_pairs(model: ServedModel, pairs: bool) -> None:
 
 async def classify(
     inference: Inference, model: ServedModel, inputs: Inputs, *, truncate: bool, backend: Backend | None,
-    deadline: float,
+    deadline: float, raw_scores: bool = False,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Predictions for `inputs` in order, and the billed token count."""
+    """Predictions for `inputs` in order, and the billed token count; `raw_scores`: the logits, not the softmax."""
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-    return predictions(model.labels, softmax(result.outputs)), result.tokens
+    return predictions(model.labels, result.outputs if raw_scores else softmax(result.outputs)), result.tokens

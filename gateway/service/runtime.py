@@ -101,19 +101,20 @@ class Runtime:
         await self.refresh()
         return self.registry.resolve_any(name)
 
-    def check_admission(self, name: str | None, task: Task, backend: Backend | None, deadline: float) -> None:
-        """Raise `overloaded` when the model a request names is shedding and would refuse it now (the
-        check service/admission.py makes, before anything is parsed or tokenized); nothing when the
-        model or backend is unknown here (the route answers that)."""
+    def check_admission(self, name: str | None, task: Task | None, backend: Backend | None, deadline: float) -> None:
+        """Raise `overloaded` when the model a request names (of `task`; None: any task) is shedding and
+        would refuse it now (the check service/admission.py makes, before anything is parsed or
+        tokenized); nothing when the model or backend is unknown here (the route answers that)."""
         try:
-            backlog = self.inference.backlog_of(self.registry.resolve(name, task), backend)
+            model = self.registry.resolve(name, task) if task else self.registry.resolve_any(name)
+            backlog = self.inference.backlog_of(model, backend)
         except GatewayError:
             return
         if backlog is not None and backlog.shedding:
             backlog.check(deadline)
 
-    async def probe(self) -> dict[str, str]:
-        """Run a one-token request through every served model: `ok` or what failed, by model name."""
+    async def probe(self, models: list[ServedModel] | None = None) -> dict[str, str]:
+        """Run a one-token request through every served model (or `models`): `ok` or what failed, by name."""
         timeout = self.settings.ready_probe_timeout_s
 
         async def one(model: ServedModel) -> str:
@@ -128,7 +129,7 @@ class Runtime:
                 return f"timeout: no answer within {timeout}s"
             return "ok"
 
-        models = list(self.registry.models.values())
+        models = list(self.registry.models.values()) if models is None else models
         results = await asyncio.gather(*map(one, models))
         return {m.name: r for m, r in zip(models, results)}
 

@@ -1,19 +1,28 @@
-"""Length-aware batching of tokenized texts for one model step (the text-embeddings-inference router design).
+"""Token-budget batching of tokenized texts for one model step (the text-embeddings-inference router design).
 
 Callers submit tokenized texts; every text is a row in one queue per model step. While fewer
 than `max_in_flight` batches of this step are running, the next batch is formed at once from
-the queue (no timer: batches fill up while earlier ones run): the rows are sorted by length
-and cut by contract/batching.py's rule (token budget, row limit, bounded padding, each batch
-padded only to its own longest row), and the batch holding the oldest row goes first. When a
-batch returns, its output rows are scattered back to their callers, in order.
+the queue (no timer: batches fill up while earlier ones run). How depends on the step's layout
+(docs/contract.md):
+
+- packed (a step that computes only real tokens): rows are taken in arrival order until the
+  token budget or the row limit is reached, and sent back to back with their `cu_seqlens`;
+  no padding, no sorting, and forming a batch costs O(its rows) whatever the queue holds.
+- padded (TensorRT profiles, CPU builds, older builds): the rows are sorted by length and cut
+  by contract/batching.py's rule (token budget, row limit, bounded padding, each batch padded
+  only to its own longest row, in a declared shape), and the batch holding the oldest row goes
+  first.
+
+When a batch returns, its output rows are scattered back to their callers, in order.
 
 Admission (service/admission.py): the scheduler's `backlog` counts the queued and running tokens and
 learns what a call of the step costs (per call + per token); the caller checks it before
 tokenizing (`backlog.check`), so a request the work ahead would keep waiting too long is refused at
 once (`overloaded`, with a retry hint) instead of queueing work nobody will wait for.
-A caller that gives up (deadline, disconnect) leaves its rows behind; they are dropped before
-the next batch forms, and a running batch none of whose callers still waits is cancelled
-(the Triton call with it). A failed batch fails every caller with a row in it.
+A caller that gives up (deadline, disconnect) has its queued rows dropped and counted out at once;
+a running batch none of whose callers still waits is cancelled (the Triton call with it). A
+queued caller whose deadline a batch could no longer meet is answered 504 before its rows are
+computed. A failed batch fails every caller with a row in it.
 """
 
 from __future__ import annotations
@@ -21,11 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS, Layout
 from contract.batching import Shapes, plan_batches
 from contract.tokenization import EncodedTexts
 from gateway import tracing
@@ -35,8 +46,8 @@ from gateway.service.admission import Backlog
 
 log = logging.getLogger("gateway.scheduler")
 
-# (input_ids, attention_mask, token_type_ids) [rows, width] int32, deadline -> outputs [rows, width_out] float32
-RunBatch = Callable[[np.ndarray, np.ndarray, np.ndarray, float], Awaitable[np.ndarray]]
+# (named int32 input tensors, rows, deadline) -> outputs [rows, width_out] float32
+RunBatch = Callable[[dict[str, np.ndarray], int, float], Awaitable[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -46,10 +57,11 @@ class BatchPolicy:
     max_rows: int
     max_tokens: int
     max_in_flight: int
-    shapes: Shapes  # the widths and row counts batches take (the step's declared ones, or any)
-    call_cost_tokens: int  # what one more model call costs, in tokens (contract/batching.py)
+    shapes: Shapes  # padded: the widths and row counts batches take (the step's declared ones, or any)
+    call_cost_tokens: int  # padded: what one more model call costs, in tokens (contract/batching.py)
     pad_id: int
-    max_queue_wait_s: float = 2.0  # admit only what is expected to be served within this (and its deadline)
+    max_queue_wait_s: float = 2.0  # admit only what the work ahead lets start within this (and its deadline)
+    layout: Layout = "padded"
 
 
 class _Batch:
@@ -61,31 +73,11 @@ class _Batch:
         self.served = False  # its tokens left the backlog as served
 
 
-class _Caller:
-    """One submit(): where its rows' outputs go, how many are still missing, and by when."""
-
-    __slots__ = ("future", "outputs", "remaining", "deadline", "batches", "trace")
-
-    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray, deadline: float) -> None:
-        self.future = future
-        self.outputs = outputs
-        self.remaining = len(outputs)
-        self.deadline = deadline
-        self.batches: list[_Batch] = []
-        self.trace: tracing.Waiting | None = None  # its `queue` span and request context, when tracing
-        future.add_done_callback(self._gone)
-
-    def _gone(self, future: asyncio.Future[np.ndarray]) -> None:
-        if not future.cancelled():
-            return
-        for batch in self.batches:
-            batch.live -= 1
-            if batch.live == 0 and batch.task is not None:
-                batch.task.cancel()  # nobody waits for it: stop the Triton call
+_QUEUED, _BATCHED, _DROPPED = 0, 1, 2
 
 
 class _Row:
-    __slots__ = ("caller", "index", "ids", "types", "length", "since")
+    __slots__ = ("caller", "index", "ids", "types", "length", "since", "state")
 
     def __init__(self, caller: _Caller, index: int, ids: np.ndarray, types: np.ndarray | None, since: float) -> None:
         self.caller = caller
@@ -94,18 +86,53 @@ class _Row:
         self.types = types
         self.length = len(ids)
         self.since = since
+        self.state = _QUEUED
+
+
+class _Caller:
+    """One submit(): where its rows' outputs go, how many are still missing, and by when."""
+
+    __slots__ = ("future", "outputs", "remaining", "deadline", "batches", "trace", "rows", "on_gone")
+
+    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray | list[np.ndarray | None],
+                 deadline: float, on_gone: Callable[[list[_Row]], None]) -> None:
+        self.future = future
+        self.outputs = outputs
+        self.remaining = len(outputs)
+        self.deadline = deadline
+        self.batches: list[_Batch] = []
+        self.trace: tracing.Waiting | None = None  # its `queue` span and request context, when tracing
+        self.rows: list[_Row] = []
+        self.on_gone = on_gone
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[np.ndarray]) -> None:
+        queued = [row for row in self.rows if row.state == _QUEUED]
+        for row in queued:
+            row.state = _DROPPED
+        if queued:
+            self.on_gone(queued)  # the caller gave up or failed: its queued rows leave at once
+        if not future.cancelled():
+            return
+        for batch in self.batches:
+            batch.live -= 1
+            if batch.live == 0 and batch.task is not None:
+                batch.task.cancel()  # nobody waits for it: stop the Triton call
 
 
 class BatchScheduler:
     """The queue and batch former of one model step in one gateway worker."""
 
-    def __init__(self, name: str, width: int, policy: BatchPolicy, run_batch: RunBatch, metrics: BatchMetrics) -> None:
+    def __init__(self, name: str, width: int, policy: BatchPolicy, run_batch: RunBatch, metrics: BatchMetrics,
+                 per_token: bool = False) -> None:
         self.name = name
         self.width = width
+        self.per_token = per_token  # outputs are per token: each text gets its own [length, ...] array
         self.policy = policy
         self._run_batch = run_batch
         self._metrics = metrics
-        self._queue: list[_Row] = []
+        self._queue: deque[_Row] = deque()  # arrival order; dropped rows are skipped when reached
+        self._queued = 0  # rows in the queue that are still wanted
         self._in_flight = 0
         self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s, call_units=policy.max_tokens,
                                call_rows=policy.max_rows)  # queued and running tokens and rows
@@ -114,32 +141,45 @@ class BatchScheduler:
     @property
     def queued(self) -> int:
         """Rows waiting for a batch."""
-        return len(self._queue)
+        return self._queued
 
-    async def submit(self, encoded: EncodedTexts, deadline: float) -> np.ndarray:
+    async def submit(self, encoded: EncodedTexts, deadline: float, counted: bool = False) -> np.ndarray:
         """Outputs [n, width] float32 of the tokenized texts, in order, served before `deadline`
-        (time.monotonic()) or cancelled with the caller. Admission (`backlog.check`) is the caller's."""
-        self.backlog.add(sum(len(ids) for ids in encoded.ids), len(encoded))
+        (time.monotonic()) or cancelled with the caller. Admission (`backlog.check`) is the caller's;
+        `counted`: the caller has counted the texts' tokens and rows into the backlog already."""
+        if not counted:
+            self.backlog.add(sum(len(ids) for ids in encoded.ids), len(encoded))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline)
+        outputs: np.ndarray | list[np.ndarray | None] = (
+            [None] * len(encoded) if self.per_token else np.empty((len(encoded), self.width), dtype=np.float32))
+        caller = _Caller(future, outputs, deadline, self._dropped)
         caller.trace = tracing.queued(self.name, len(encoded), future)
         now = time.perf_counter()
         types = encoded.type_ids
-        rows = [_Row(caller, i, ids, types[i] if types is not None else None, now) for i, ids in enumerate(encoded.ids)]
-        self._queue.extend(rows)
-        self._metrics.queued(len(rows))
+        caller.rows = [_Row(caller, i, ids, types[i] if types is not None else None, now)
+                       for i, ids in enumerate(encoded.ids)]
+        self._queue.extend(caller.rows)
+        self._queued += len(caller.rows)
+        self._metrics.queued(len(caller.rows))
         self._dispatch()
         return await future
 
+    def _dropped(self, rows: list[_Row]) -> None:
+        """Queued rows whose caller is gone: out of the count and the backlog (skipped when reached)."""
+        self._queued -= len(rows)
+        self._metrics.queued(-len(rows))
+        self.backlog.done(sum(row.length for row in rows), len(rows))
+
     def _dispatch(self) -> None:
-        while self._in_flight < self.policy.max_in_flight and self._queue:
+        while self._in_flight < self.policy.max_in_flight and self._queued:
             members, rows = self._next_batch()
             if not members:
                 return
             self._in_flight += 1
             tokens = sum(row.length for row in members)
-            batch = _Batch(len({id(row.caller) for row in members}))
-            for caller in {id(row.caller): row.caller for row in members}.values():
+            callers = {id(row.caller): row.caller for row in members}.values()
+            batch = _Batch(len(callers))
+            for caller in callers:
                 caller.batches.append(batch)
             task = asyncio.get_running_loop().create_task(self._run(members, rows, tokens, batch))
             batch.task = task
@@ -148,16 +188,54 @@ class BatchScheduler:
             task.add_done_callback(lambda done, m=members, t=tokens, b=batch: self._batch_done(done, m, t, b))
 
     def _next_batch(self) -> tuple[list[_Row], int]:
-        """Take the batch that holds the oldest row out of the queue (rows in queue order, so the oldest
-        first), and the row count it runs with (a declared one: dummy rows fill the rest)."""
-        self._expire_late_callers()
-        queue = [row for row in self._queue if not row.caller.future.done()]
-        if len(queue) < len(self._queue):
-            self._metrics.queued(len(queue) - len(self._queue))
-            gone = [row.length for row in self._queue if row.caller.future.done()]
-            self.backlog.done(sum(gone), len(gone))
+        """Take the next batch out of the queue, and the row count it runs with (padded: a declared one,
+        dummy rows fill the rest; packed: its own)."""
+        if self.policy.layout == "packed":
+            batch = self._take_in_arrival_order()
+            rows = len(batch)
+        else:
+            batch, rows = self._take_planned()
+        for row in batch:
+            row.state = _BATCHED
+        self._queued -= len(batch)
+        self._metrics.queued(-len(batch))
+        return batch, rows
+
+    @staticmethod
+    def _late(row: _Row, latest: float) -> bool:
+        """Whether `row`'s caller is gone, or is answered 504 now because a batch could not serve it in time.
+        Its queued rows are counted out by the caller's done-callback (which runs soon, not at once)."""
+        future = row.caller.future
+        if row.state != _QUEUED or future.done():
+            return True
+        if row.caller.deadline < latest:
+            future.set_exception(GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its deadline"))
+            return True
+        return False
+
+    def _take_in_arrival_order(self) -> list[_Row]:
+        p, queue = self.policy, self._queue
+        latest = time.monotonic() + self.backlog.call_latency_s
+        batch: list[_Row] = []
+        tokens = 0
+        while queue and len(batch) < p.max_rows:
+            row = queue[0]
+            if self._late(row, latest):
+                queue.popleft()
+                continue
+            if batch and tokens + row.length > p.max_tokens:
+                break
+            queue.popleft()
+            batch.append(row)
+            tokens += row.length
+        return batch
+
+    def _take_planned(self) -> tuple[list[_Row], int]:
+        """Padded layout: the length plan of the live rows, and the batch that holds the oldest row."""
+        latest = time.monotonic() + self.backlog.call_latency_s
+        queue = [row for row in self._queue if not self._late(row, latest)]
         if not queue:
-            self._queue = []
+            self._queue.clear()
             return [], 0
         p = self.policy
         plan = plan_batches([row.length for row in queue], p.shapes, max_rows=p.max_rows, max_tokens=p.max_tokens,
@@ -166,24 +244,12 @@ class BatchScheduler:
         take, rows = p.shapes.fit_rows(len(members))
         members = sorted(members)[:take]  # a declared row count: the oldest rows go, the others wait
         chosen = set(members)
-        self._queue = [row for i, row in enumerate(queue) if i not in chosen]
-        batch = [queue[i] for i in members]
-        self._metrics.queued(-len(members))
-        return batch, rows
+        self._queue = deque(row for i, row in enumerate(queue) if i not in chosen)
+        return [queue[i] for i in members], rows
 
-    def _expire_late_callers(self) -> None:
-        """Answer 504 now to queued callers that a batch could no longer serve before their deadline:
-        computing their rows would only delay the callers behind them."""
-        latest = time.monotonic() + self.backlog.call_latency_s
-        for row in self._queue:
-            future = row.caller.future
-            if not future.done() and row.caller.deadline < latest:
-                future.set_exception(GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its "
-                                                  "deadline"))
-
-    def _tensors(self, batch: list[_Row], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """input_ids, attention_mask, token_type_ids of a batch, in a declared shape: dummy rows (one
-        unmasked pad token each, outputs dropped) bring it to a declared row count."""
+    def _padded(self, batch: list[_Row], rows: int) -> dict[str, np.ndarray]:
+        """input_ids, attention_mask, token_type_ids [rows, width] of a batch, in a declared shape: dummy
+        rows (one unmasked pad token each, outputs dropped) bring it to a declared row count."""
         p = self.policy
         lengths = np.zeros(rows, dtype=np.int64)
         lengths[: len(batch)] = [row.length for row in batch]
@@ -198,21 +264,39 @@ class BatchScheduler:
             ])
         mask = real.astype(np.int32)
         mask[len(batch):, 0] = 1
-        return ids, mask, types
+        return {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types}
+
+    @staticmethod
+    def _packed(batch: list[_Row]) -> dict[str, np.ndarray]:
+        """input_ids, token_type_ids [1, T] (the rows back to back) and cu_seqlens [1, rows + 1]."""
+        ids = np.concatenate([row.ids for row in batch]).astype(np.int32, copy=False)
+        if any(row.types is not None for row in batch):
+            types = np.concatenate([row.types if row.types is not None else np.zeros(row.length, np.int32)
+                                    for row in batch]).astype(np.int32, copy=False)
+        else:
+            types = np.zeros(len(ids), np.int32)
+        cu = np.zeros(len(batch) + 1, np.int32)
+        np.cumsum([row.length for row in batch], out=cu[1:])
+        return {INPUT_IDS: ids[None], TOKEN_TYPE_IDS: types[None], CU_SEQLENS: cu[None]}
 
     async def _run(self, batch: list[_Row], rows: int, tokens: int, handle: _Batch) -> None:
         start = time.perf_counter()
         mark = self.backlog.call_started()
         try:
-            ids, mask, types = self._tensors(batch, rows)
-            self._metrics.observe(rows=ids.shape[0], width=ids.shape[1], real=tokens, waited=start - batch[0].since)
+            if self.policy.layout == "packed":
+                tensors = self._packed(batch)
+                computed, width = tokens, max(row.length for row in batch)
+            else:
+                tensors = self._padded(batch, rows)
+                computed, width = tensors[INPUT_IDS].size, tensors[INPUT_IDS].shape[1]
+            self._metrics.observe(rows=rows, computed=computed, real=tokens, waited=start - batch[0].since)
             with tracing.batch(self.name, (row.caller.trace for row in batch), rows=len(batch), tokens=tokens,
-                               padded_rows=ids.shape[0], width=ids.shape[1]):
-                outputs = await self._run_batch(ids, mask, types, max(row.caller.deadline for row in batch))
+                               padded_rows=rows, width=width, computed_tokens=computed):
+                outputs = await self._run_batch(tensors, rows, max(row.caller.deadline for row in batch))
             self.backlog.observe_latency(time.perf_counter() - start)
             self.backlog.served(tokens, len(batch), mark)
             handle.served = True
-            for row, output in zip(batch, outputs):
+            for row, output in zip(batch, self._rows_of(outputs, batch, tensors)):
                 caller = row.caller
                 caller.outputs[row.index] = output
                 caller.remaining -= 1
@@ -229,6 +313,16 @@ class BatchScheduler:
             if not handle.served:
                 self.backlog.call_ended(mark)
 
+    def _rows_of(self, outputs: np.ndarray, batch: list[_Row], tensors: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Each row's output: its row of a pooled output; its own tokens of a per-token one ([rows, width, ...]
+        padded, [T, ...] packed)."""
+        if not self.per_token:
+            return list(outputs)
+        if CU_SEQLENS in tensors:
+            cu = tensors[CU_SEQLENS][0]
+            return [outputs[cu[k]:cu[k + 1]] for k in range(len(batch))]
+        return [outputs[k, : row.length] for k, row in enumerate(batch)]
+
     def _batch_done(self, task: asyncio.Task[None], batch: list[_Row], tokens: int, handle: _Batch) -> None:
         self._tasks.discard(task)
         self._in_flight -= 1
@@ -240,11 +334,9 @@ class BatchScheduler:
 
     async def close(self) -> None:
         """Fail what is queued and wait for running batches."""
-        for row in self._queue:
-            if not row.caller.future.done():
+        for row in list(self._queue):
+            if row.state == _QUEUED and not row.caller.future.done():
                 row.caller.future.set_exception(unavailable("gateway is shutting down", type="shutting_down"))
-        self._metrics.queued(-len(self._queue))
-        self.backlog.done(sum(row.length for row in self._queue), len(self._queue))
-        self._queue = []
+        self._queue.clear()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

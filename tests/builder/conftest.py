@@ -17,7 +17,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification
 from builder.export import RepositoryModel, export_onnx
 from builder.optimize import optimize_for_onnxruntime
 from builder.packing import cpu_form, packed_model, position_offset
-from contract import output_name
+from contract import TOKEN_EMBEDDINGS, output_name
 from tests.fixtures.tiny_models import write_tiny_roberta
 
 
@@ -39,14 +39,15 @@ class PackedCase:
     pairs: bool
     optimized: Path  # the optimizer's padded graph the packed one was made from
 
-    def run(self, feed: dict[str, np.ndarray], model: onnx.ModelProto | None = None) -> np.ndarray:
-        """The CPU form's (or `model`'s) output on CPU."""
+    def run(self, feed: dict[str, np.ndarray], model: onnx.ModelProto | None = None, output: int = 0) -> np.ndarray:
+        """The CPU form's (or `model`'s) output number `output` on CPU."""
         session = ort.InferenceSession((model or self.cpu_form).SerializeToString(), providers=["CPUExecutionProvider"])
-        return np.asarray(session.run(None, feed)[0])
+        return np.asarray(session.run(None, feed)[output])
 
-    def reference(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+    def reference(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray, output: int = 0) -> np.ndarray:
         with torch.inference_mode():
-            return self.model(*(torch.from_numpy(a) for a in (ids, mask, types))).numpy()
+            out = self.model(*(torch.from_numpy(a) for a in (ids, mask, types)))
+        return (out[output] if isinstance(out, tuple) else out).numpy()
 
 
 class PackedGraphs:
@@ -55,21 +56,24 @@ class PackedGraphs:
     def __init__(self, dirs: dict[str, Path], work: Path) -> None:
         self.dirs, self.work, self.cases = dirs, work, {}
 
-    def get(self, model: str, task: str, pooling: str | None = None, float16: bool = False) -> PackedCase:
-        key = (model, task, pooling, float16)
+    def get(self, model: str, task: str, pooling: str | None = None, float16: bool = False,
+            token_outputs: bool = False) -> PackedCase:
+        """`token_outputs`: an embedder with its last hidden state as a second, per-token output."""
+        key = (model, task, pooling, float16, token_outputs)
         if key not in self.cases:
             self.cases[key] = self._build(*key)
         return self.cases[key]
 
-    def _build(self, model: str, task: str, pooling: str | None, float16: bool) -> PackedCase:
+    def _build(self, model: str, task: str, pooling: str | None, float16: bool, token_outputs: bool) -> PackedCase:
         loader = AutoModel if task == "embed" else AutoModelForSequenceClassification
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             hf = loader.from_pretrained(self.dirs[model], attn_implementation="eager").eval()
-        reference = RepositoryModel(hf, task, pooling).eval()
-        work = self.work / "_".join(str(k) for k in (model, task, pooling, float16))
+        reference = RepositoryModel(hf, task, pooling, token_outputs=token_outputs).eval()
+        work = self.work / "_".join(str(k) for k in (model, task, pooling, float16, token_outputs))
         work.mkdir(parents=True)
-        export_onnx(reference, output_name(task), work / "raw.onnx", 17)  # type: ignore[arg-type]
+        outputs = [output_name(task), TOKEN_EMBEDDINGS] if token_outputs else [output_name(task)]  # type: ignore[arg-type]
+        export_onnx(reference, outputs, work / "raw.onnx", 17)
         config = hf.config
         optimize_for_onnxruntime(work / "raw.onnx", work / "optimized.onnx", config.num_attention_heads,
                                  config.hidden_size, float16=float16, multi_head_attention=True)

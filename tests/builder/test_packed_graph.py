@@ -65,6 +65,22 @@ def test_float16_cpu_form_matches_pytorch_fp32(packed_graphs: PackedGraphs, mode
     assert result.passed and (task != "embed" or result.min_cosine >= 0.9999), result.summary()
 
 
+def test_per_token_output_comes_out_packed(packed_graphs: PackedGraphs) -> None:
+    """An embedder's last hidden state (a per-token output) is [T, hidden] in the packed graph: each real token's
+    row, in packed order, equal to PyTorch's for that token; the pooled output beside it stays per row."""
+    case = packed_graphs.get("bert", "embed", "mean", token_outputs=True)
+    (_, per_token) = case.gpu_form.graph.output
+    assert [d.dim_param or d.dim_value for d in per_token.type.tensor_type.shape.dim] == ["tokens", 32]
+    ids, mask, types = padded_rows(list(LENGTHS[2]), case.vocab, False)
+    feed = pack_padded(ids, mask, types).feed()
+    got = case.run(feed, output=1)
+    want = case.reference(ids, mask, types, output=1)[mask.astype(bool)]  # [tokens, hidden], row by row
+    assert got.shape == want.shape == (int(mask.sum()), 32)
+    result = compare("onnx", "embed", want, got, 64)
+    assert result.passed, result.summary()
+    assert compare("onnx", "embed", case.reference(ids, mask, types), case.run(feed), 64).passed
+
+
 def test_gpu_form_io_contract_and_fused_counts(packed_graphs: PackedGraphs) -> None:
     for model, task, pooling in (("bert", "embed", "mean"), ("xlmr-rerank", "rerank", None)):
         graph = packed_graphs.get(model, task, pooling, float16=True).gpu_form.graph

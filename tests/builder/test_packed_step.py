@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -23,15 +24,25 @@ from builder.build import plan
 from builder.cli import main
 from builder.configs import read_config
 from builder.errors import BuildError
-from builder.export import RepositoryModel
+from builder.export import RepositoryModel, load_repository_model
 from builder.manifest import read_manifest
 from builder.parity import compare
 from builder.settings import BuildRequest
-from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS, Param
+from contract import (
+    ATTENTION_MASK,
+    COLBERT_VECTORS,
+    CU_SEQLENS,
+    INPUT_IDS,
+    TOKEN_EMBEDDINGS,
+    TOKEN_TYPE_IDS,
+    TOKEN_WEIGHTS,
+    Param,
+)
 from contract.packing import pack_padded
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
-from tests.fixtures.tiny_models import vocab_tokens
+from tests.fixtures.tiny_models import vocab_tokens, write_tiny_splade, write_tiny_xlmr
+from tests.gateway.conftest import running_gateway
 
 MAX_SEQ_LEN = TINY_LIMITS["max_seq_len"]
 TEXTS = ["good", "the movie was really good , i would see it again", "안녕하세요 영화 정말 좋아요", "这个电影很好",
@@ -39,13 +50,15 @@ TEXTS = ["good", "the movie was really good , i would see it again", "안녕하�
 SECOND = ["is it good ?", "bad", "hello world", "", "fine", "the end"]
 # name -> (fixture key, task, pooling); `burst` is the embedder again, with a batcher that waits for 8 rows
 MODELS = {"emb": ("bert", "embed", "mean"), "rr": ("bert-rerank", "rerank", None),
-          "xr": ("xlmr-rerank", "rerank", None), "burst": ("bert", "embed", "mean")}
+          "xr": ("xlmr-rerank", "rerank", None), "m3": ("bge-m3", "embed", None), "burst": ("bert", "embed", "mean")}
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tiny_embedder_dir: Path, pair_model_dirs: dict[str, Path], tiny_roberta_dirs: dict[str, Path]
-               ) -> dict[str, Path]:
-    return {"bert": tiny_embedder_dir, "bert-rerank": pair_model_dirs["ce"], "xlmr-rerank": tiny_roberta_dirs["rerank"]}
+def model_dirs(tiny_embedder_dir: Path, pair_model_dirs: dict[str, Path], tiny_roberta_dirs: dict[str, Path],
+               tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    m3 = write_tiny_xlmr(tmp_path_factory.mktemp("packed_m3") / "m3", "bge-m3")  # per-token outputs: all three
+    return {"bert": tiny_embedder_dir, "bert-rerank": pair_model_dirs["ce"], "xlmr-rerank": tiny_roberta_dirs["rerank"],
+            "bge-m3": m3}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +87,9 @@ def _reference(path: Path, task: str, pooling: str | None, tensors: dict[str, np
 def _tokens(path: Path, pairs: bool) -> dict[str, np.ndarray]:
     batch = AutoTokenizer.from_pretrained(path)(TEXTS, SECOND if pairs else None, truncation=True,
                                                 max_length=MAX_SEQ_LEN, padding="longest", return_tensors="np")
-    return {n: np.asarray(batch[n], np.int32) for n in (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS)}
+    ids = np.asarray(batch[INPUT_IDS], np.int32)  # XLM-R tokenizers give no token types: all 0
+    types = np.asarray(batch[TOKEN_TYPE_IDS], np.int32) if TOKEN_TYPE_IDS in batch else np.zeros_like(ids)
+    return {INPUT_IDS: ids, ATTENTION_MASK: np.asarray(batch[ATTENTION_MASK], np.int32), TOKEN_TYPE_IDS: types}
 
 
 def _infer(server: TritonServer, model: str, tensors: dict[str, np.ndarray], output: str) -> np.ndarray:
@@ -109,8 +124,8 @@ def test_packed_build_config_and_manifest(repository: Path) -> None:
     assert manifest is not None and manifest.settings.layout == "packed"
     assert (manifest.onnx.layout, manifest.onnx.packed_form) == ("packed", "cpu")
     assert manifest.onnx.fused_ops["MultiHeadAttention"] == 2 and manifest.onnx.fused_ops["EmbedLayerNormalization"] == 1
-    (parity,) = manifest.parity
-    assert parity.passed and parity.layout == "packed" and parity.ran_on == "CPUExecutionProvider"
+    assert [p.output for p in manifest.parity] == ["", TOKEN_EMBEDDINGS]  # the pooled output, the per-token one
+    assert all(p.passed and p.layout == "packed" and p.ran_on == "CPUExecutionProvider" for p in manifest.parity)
 
 
 @pytest.mark.timeout(300)
@@ -131,6 +146,99 @@ def test_packed_and_padded_requests_match_pytorch(server: TritonServer, model_di
         assert got.shape == want.shape, kind
         result = compare("onnx", task, want, got, MAX_SEQ_LEN)
         assert result.passed, (kind, result.summary())
+
+
+@pytest.mark.timeout(300)
+def test_per_token_outputs_packed_and_padded(server: TritonServer, repository: Path, model_dirs: dict[str, Path]
+                                             ) -> None:
+    """bge-m3's per-token outputs (last hidden state, lexical weights, ColBERT vectors): a packed request gets its
+    tokens back to back [T, ...], a padded one [rows, width, ...] with zeros after each row, as a padded step
+    returns them; both equal PyTorch fp32 on every real token."""
+    manifest = read_manifest(repository / "m3_onnx")
+    assert manifest is not None and manifest.settings.layout == "packed"
+    names = manifest.settings.output_names
+    assert names[1:] == [TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, COLBERT_VECTORS]
+    assert all(p.passed and p.layout == "packed" for p in manifest.parity) and len(manifest.parity) == 4
+    tensors = _tokens(model_dirs["bge-m3"], pairs=False)
+    mask = tensors[ATTENTION_MASK].astype(bool)
+    model = load_repository_model(model_dirs["bge-m3"], manifest.settings)
+    with torch.inference_mode():
+        want = [o.numpy() for o in model(*(torch.from_numpy(tensors[n]) for n in (INPUT_IDS, ATTENTION_MASK,
+                                                                                 TOKEN_TYPE_IDS)))]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for feed in (_packed(tensors), tensors):
+            inputs = []
+            for name, array in feed.items():
+                inputs.append(grpcclient.InferInput(name, list(array.shape), "INT32"))
+                inputs[-1].set_data_from_numpy(array)
+            result = client.infer("m3_onnx", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in names])
+            for name, expected in zip(names, want):
+                got = result.as_numpy(name)
+                if name == names[0]:
+                    assert compare("onnx", "embed", expected, got, MAX_SEQ_LEN).passed, name
+                    continue
+                if CU_SEQLENS in feed:  # packed: [T, ...]
+                    assert got.shape == (int(mask.sum()), *expected.shape[2:]), (name, got.shape)
+                    tokens = got
+                else:  # padded: the request's own [rows, width, ...]
+                    assert got.shape == expected.shape, (name, got.shape)
+                    assert not got[~mask].any(), name  # zeros after each row
+                    tokens = got[mask]
+                result_ = compare("onnx", "embed", expected[mask].reshape(len(tokens), -1),
+                                  tokens.reshape(len(tokens), -1), MAX_SEQ_LEN)
+                assert result_.passed, (name, result_.summary())
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def gateway(repository: Path, server: TritonServer) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway (scheduler pipeline: it sends packed batches to steps whose config says layout: packed)."""
+    async with running_gateway(server.grpc_url, repository=str(repository), shm_prefix="gw20packed") as (_, http):
+        yield http
+
+
+@pytest.mark.anyio
+async def test_gateway_packed_batches_answer_as_pytorch(gateway: httpx.AsyncClient, server: TritonServer,
+                                                        model_dirs: dict[str, Path]) -> None:
+    """The gateway's packed batches (its scheduler, contract/packing.py's layout) through the packed steps: /embed,
+    /rerank (text pairs with both token types) and /embed_all (a per-token output, [T, hidden] per batch) as
+    PyTorch fp32 answers them."""
+    picks = [0, 1, 2, 3, 5]  # not the empty text: the gateway refuses it
+    texts = [TEXTS[i] for i in picks]
+    _, before = _stats(server, "emb_onnx")
+    response = await gateway.post("/embed", json={"model": "emb", "inputs": texts})
+    assert response.status_code == 200, response.text
+    assert _stats(server, "emb_onnx")[1] - before == 1  # five texts in one packed request (batch 1 for Triton)
+    tensors = _tokens(model_dirs["bert"], pairs=False)
+    want = _reference(model_dirs["bert"], "embed", "mean", tensors)[picks]
+    assert compare("onnx", "embed", want, np.asarray(response.json()["embeddings"]), MAX_SEQ_LEN).passed
+    response = await gateway.post("/rerank", json={"model": "rr", "query": "is it good ?", "texts": texts,
+                                                   "raw_scores": True})
+    assert response.status_code == 200, response.text
+    scores = {item["index"]: item["score"] for item in response.json()}
+    batch = AutoTokenizer.from_pretrained(model_dirs["bert-rerank"])(["is it good ?"] * 5, texts, truncation=True,
+                                                                     max_length=MAX_SEQ_LEN, padding="longest",
+                                                                     return_tensors="np")
+    logits = _reference(model_dirs["bert-rerank"], "rerank", None,
+                        {n: np.asarray(batch[n], np.int32) for n in (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS)})
+    np.testing.assert_allclose([scores[i] for i in range(5)], logits[:, 0], atol=1e-4)
+    response = await gateway.post("/embed_all", json={"model": "m3", "inputs": texts})
+    assert response.status_code == 200, response.text
+    tokenizer = AutoTokenizer.from_pretrained(model_dirs["bge-m3"])
+    model = AutoModel.from_pretrained(model_dirs["bge-m3"]).eval()
+    for got, text in zip(response.json(), texts):
+        with torch.inference_mode():
+            hidden = model(**tokenizer([text], truncation=True, max_length=MAX_SEQ_LEN,
+                                       return_tensors="pt")).last_hidden_state[0].numpy()
+        assert np.asarray(got).shape == hidden.shape
+        assert compare("onnx", "embed", hidden, np.asarray(got), MAX_SEQ_LEN).min_cosine >= 0.9999
 
 
 def _stats(server: TritonServer, model: str) -> tuple[int, int]:
@@ -241,6 +349,8 @@ def test_layout_defaults(tiny_embedder_dir: Path, tiny_roberta_dirs: dict[str, P
     assert _settings(tiny_embedder_dir, runtime="native", device="gpu", formats="onnx")[0] == "padded"
     assert _settings(tiny_embedder_dir, runtime="python", device="gpu", merge_buckets=False)[0] == "padded"
     assert _settings(tiny_embedder_dir, runtime="python", device="gpu", onnx_optimize=False)[0] == "padded"
+    splade = write_tiny_splade(tmp_path / "splade", "st6")  # a SPLADE row has no packed form: padded
+    assert _settings(splade, runtime="python", device="gpu", task="sparse-embed")[0] == "padded"
     other = shutil.copytree(tiny_embedder_dir, tmp_path / "electra")  # a family the rewrite does not know
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "model_type": "electra", "embedding_size": 32}))
@@ -254,10 +364,12 @@ def test_layout_defaults(tiny_embedder_dir: Path, tiny_roberta_dirs: dict[str, P
     (["--runtime", "native", "--device", "gpu", "--formats", "onnx"], "--layout packed needs --runtime python"),
     (["--runtime", "python", "--no-onnx-optimize"], "needs onnxruntime's optimizer"),
     (["--runtime", "python", "--no-merge-buckets"], "drop --no-merge-buckets"),
+    (["--runtime", "python", "--task", "sparse-embed"], "--layout packed is for --task embed, classify or rerank"),
 ])
 def test_packed_layout_refusals(tiny_embedder_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                 options: list[str], message: str) -> None:
-    argv = ["build", "--model", str(tiny_embedder_dir), "--task", "embed", "--name", "m", "--repository",
+    task = [] if "--task" in options else ["--task", "embed"]
+    argv = ["build", "--model", str(tiny_embedder_dir), *task, "--name", "m", "--repository",
             str(tmp_path / "repo"), "--layout", "packed", *options]
     assert main(argv) == 2
     assert message in capsys.readouterr().err

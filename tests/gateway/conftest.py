@@ -16,6 +16,13 @@ from devstack.tritonserver import TritonServer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from devstack.fake_repository import write_fake_repository
+from tests.fixtures.repository import PYTHON_CPU, build_repository
+from tests.fixtures.tiny_models import write_tiny_cross_encoder, write_tiny_pair_classifier, write_tiny_st_embedder
+
+# The peer models' embedder (sentence-transformers layout): prompts, max length, matryoshka dimensions.
+PEER_PROMPTS = {"query": "query: ", "passage": "passage: "}
+PEER_MAX_SEQ_LENGTH = 24  # the embedder's sentence_bert_config.json: the builder takes it as max_seq_len
+PEER_MATRYOSHKA = [8, 16]
 
 
 @pytest.fixture
@@ -35,6 +42,45 @@ def fake_triton(fake_repository: Path, tmp_path_factory: pytest.TempPathFactory)
     log = tmp_path_factory.mktemp("logs") / "fake_triton.log"
     with TritonServer(repository=fake_repository, log_path=log) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def peer_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """What peers serve: `rerank` a cross-encoder, `nli` a pair classifier, `st` a sentence-transformers
+    embedder with prompts (default `passage`), a Normalize module and matryoshka dimensions."""
+    root = tmp_path_factory.mktemp("peer_models")
+    return {
+        "rerank": write_tiny_cross_encoder(root / "cross"),
+        "nli": write_tiny_pair_classifier(root / "nli"),
+        "st": write_tiny_st_embedder(root / "st", normalize=True, prompts=PEER_PROMPTS, default_prompt_name="passage",
+                                     max_seq_length=PEER_MAX_SEQ_LENGTH, matryoshka_dims=PEER_MATRYOSHKA),
+    }
+
+
+@pytest.fixture(scope="session")
+def peer_repository(peer_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`reranker`, `nlirank` (rerank by the entailment logit), `nli` (pair classifier), `st` (embedder)."""
+    repository = tmp_path_factory.mktemp("peer_repository") / "model_repository"
+    build_repository(
+        repository,
+        [
+            {"model": str(peer_models["rerank"]), "task": "rerank", "name": "reranker", "max_seq_len": 32},
+            {"model": str(peer_models["nli"]), "task": "rerank", "name": "nlirank", "score_label": "entailment",
+             "max_seq_len": 32},
+            {"model": str(peer_models["nli"]), "task": "classify", "name": "nli", "pairs": True, "max_seq_len": 32},
+            {"model": str(peer_models["st"]), "task": "embed", "name": "st"},
+        ],
+        **PYTHON_CPU,
+        max_batch_size=8,
+    )
+    return repository
+
+
+@pytest.fixture(scope="session")
+def peer_server(peer_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A real tritonserver serving `peer_repository` (test_peer_api.py, test_peer_clients.py)."""
+    with TritonServer(repository=peer_repository, log_path=tmp_path_factory.mktemp("peer_logs") / "triton.log") as s:
+        yield s
 
 
 def shm_segments(prefix: str) -> list[str]:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS
 from contract.batching import PAD_RATIO_LIMIT, Shapes, default_rows, default_widths, plan_batches
 from contract.tokenization import EncodedTexts
 from gateway.errors import ErrorKind, GatewayError
@@ -91,15 +92,18 @@ class StepDouble:
     """Records every batch and answers each row with (its first id, its length); batches wait for `gate`."""
 
     def __init__(self) -> None:
-        self.batches: list[np.ndarray] = []
+        self.batches: list[np.ndarray] = []  # input_ids of each call
+        self.calls: list[dict[str, np.ndarray]] = []
         self.deadlines: list[float] = []
         self.cancelled = 0
         self.gate = asyncio.Event()
         self.gate.set()
         self.fail_next = False
 
-    async def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray, deadline: float) -> np.ndarray:
+    async def __call__(self, tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray:
+        ids = tensors[INPUT_IDS]
         self.batches.append(ids)
+        self.calls.append(tensors)
         self.deadlines.append(deadline)
         try:
             await self.gate.wait()
@@ -109,6 +113,12 @@ class StepDouble:
         if self.fail_next:
             self.fail_next = False
             raise GatewayError(ErrorKind.UPSTREAM, "model step failed", type="triton_error")
+        if CU_SEQLENS in tensors:  # packed: rows back to back
+            cu = tensors[CU_SEQLENS][0]
+            assert len(cu) == rows + 1 and cu[-1] == ids.shape[1]
+            return np.stack([ids[0, cu[:-1]], np.diff(cu)], axis=1).astype(np.float32)
+        mask = tensors[ATTENTION_MASK]
+        assert ids.shape[0] == rows
         return np.stack([ids[:, 0], mask.sum(1)], axis=1).astype(np.float32)
 
 
@@ -225,3 +235,39 @@ async def test_a_running_batch_nobody_waits_for_is_cancelled_and_carries_the_lat
     third = await scheduler.submit(encoded(7), later())
     assert third[:, 1].tolist() == [7] and scheduler.queued == 0
     assert scheduler.backlog.pending == 0  # served, dropped and cancelled tokens all left the backlog
+
+
+@pytest.mark.anyio
+async def test_packed_batches_take_rows_in_arrival_order_under_the_token_budget_with_no_padding() -> None:
+    step, scheduler = held_scheduler(layout="packed", max_tokens=100, max_rows=3)
+    first = asyncio.create_task(scheduler.submit(encoded(5), later()))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(scheduler.submit(encoded(*lengths), later())) for lengths in ([90, 3], [7, 1, 2], [60])]
+    await asyncio.sleep(0)
+    step.gate.set()
+    results = await asyncio.gather(first, *rest)
+    for result, lengths in zip(results, ([5], [90, 3], [7, 1, 2], [60])):
+        assert result[:, 1].tolist() == lengths and result[:, 0].tolist() == [1] * len(lengths)
+    # arrival order, cut by the budget (100 tokens) and the row limit (3), never sorted or padded
+    assert [np.diff(c[CU_SEQLENS][0]).tolist() for c in step.calls] == [[5], [90, 3, 7], [1, 2, 60]]
+    assert all(c[INPUT_IDS].shape == (1, int(c[CU_SEQLENS][0, -1])) and ATTENTION_MASK not in c for c in step.calls)
+    assert scheduler.backlog.pending == 0 and scheduler.queued == 0
+
+
+@pytest.mark.anyio
+async def test_a_packed_callers_rows_leave_the_backlog_the_moment_it_gives_up() -> None:
+    step, scheduler = held_scheduler(layout="packed")
+    running = asyncio.create_task(scheduler.submit(encoded(4), later()))
+    await asyncio.sleep(0)
+    leaver = asyncio.create_task(scheduler.submit(encoded(30, 40), later()))
+    stays = asyncio.create_task(scheduler.submit(encoded(6), later()))
+    await asyncio.sleep(0)
+    assert scheduler.backlog.pending == 80 and scheduler.queued == 3
+    leaver.cancel()
+    await asyncio.gather(leaver, return_exceptions=True)
+    await asyncio.sleep(0)  # the caller's done-callback
+    assert scheduler.backlog.pending == 10 and scheduler.queued == 1  # counted out before any batch forms
+    step.gate.set()
+    assert (await running)[:, 1].tolist() == [4] and (await stays)[:, 1].tolist() == [6]
+    assert [np.diff(c[CU_SEQLENS][0]).tolist() for c in step.calls] == [[4], [6]]  # the leaver's rows never ran
+    assert scheduler.backlog.pending == 0

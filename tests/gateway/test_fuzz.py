@@ -6,7 +6,8 @@ schemathesis generates valid and invalid requests for every operation (its examp
 fuzzing phases; bounded and derandomized so that the default run is short and repeatable) and
 checks every response: never a 5xx, a status code the schema lists, the content type it lists, a
 body that conforms to the listed schema; and our own rules: every response carries X-Request-ID and
-every error is `{"error": {"type", "message"}}`.
+every error is `{"error": {"type", "message"}}`, or TEI's `{"error", "error_type"}` under /tei/.
+Most TEI routes get the fake embedder as `{model}`, so that they answer as well as refuse.
 """
 
 from __future__ import annotations
@@ -41,20 +42,38 @@ OPERATIONS = {
     "POST /v1/rerank",
     "POST /tokenize",
     "POST /decode",
+    "POST /embed_sparse",
+    "POST /embed_all",
+    "POST /embed_multi_vector",
     "GET /v1/models/{model_id}",
     "GET /admin/models",
     "GET /admin/models/{name}",
     "POST /admin/models/{name}/load",
     "POST /admin/models/{name}/reload",
     "POST /admin/models/{name}/unload",
+    "POST /tei/{model}",
+    "POST /tei/{model}/embed",
+    "POST /tei/{model}/predict",
+    "POST /tei/{model}/rerank",
+    "POST /tei/{model}/tokenize",
+    "POST /tei/{model}/decode",
+    "GET /tei/{model}/info",
+    "GET /tei/{model}/health",
+    "POST /v2/embed",
+    "POST /v2/rerank",
 }
+TEI_MODEL = "fakeemb"
 ADMIN = {label for label in OPERATIONS if " /admin/" in label}
 # The fake repository serves no reranker and no tokenizer the gateway can read: these operations
 # answer 404 / 501 there (their 200s are tested in test_peer_api.py). The admin routes are off here
 # (no GATEWAY_ADMIN_KEYS: 404; fuzzing them with a key would unload the shared server's models):
 # tests/gateway/test_admin.py covers them.
+# /tei/{model}: predict and rerank answer 424 on the fake embedder, tokenize and decode as above.
+# The fake models have no sparse or per-token outputs (424; tests/gateway/test_long_sparse_vectors.py serves them).
 NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /decode", "GET /v1/models/{model_id}",
-                   *ADMIN}
+                   *ADMIN, "POST /tei/{model}/predict", "POST /tei/{model}/rerank", "POST /tei/{model}/tokenize",
+                   "POST /tei/{model}/decode", "POST /v2/rerank",
+                   "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector"}
 MAX_EXAMPLES = 50  # per operation and generation mode, on top of the schema's examples and the coverage phase
 # Every error type a 4xx may carry; gateway/README.md's error table documents each.
 ERROR_TYPES_4XX = {
@@ -62,10 +81,16 @@ ERROR_TYPES_4XX = {
     "unsupported_dimensions", "authentication_error", "model_not_found", "not_found", "method_not_allowed",
     "body_too_large", "too_many_inputs", "input_too_long", "unsupported_media_type", "validation_error",
     "rate_limited", "pairs_required", "pairs_not_supported", "unknown_prompt", "invalid_token_id",
-    "token_input_unsupported", "prompt_with_token_input", "forbidden",
+    "token_input_unsupported", "prompt_with_token_input", "forbidden", "empty_input", "unsupported_option",
+    "sparse_not_supported", "output_not_available",
 }
+TEI_ERROR_TYPES = {"Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"}
 CONFIG = {
     "seed": 20261123,
+    # the TEI routes that can answer the fake embedder get it as {model}; tokenize and decode (501 for it,
+    # a 5xx) and the rest keep generated names, as /tokenize and /decode do
+    "operations": [{"include-path-regex": r"^/tei/\{model\}(/embed|/predict|/rerank|/info|/health)?$",
+                    "parameters": {"path.model": TEI_MODEL}}],
     "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "deterministic": True},
     "phases": {
         "examples": {"enabled": True},
@@ -98,10 +123,15 @@ SEEN: Counter[tuple[str, int, str]] = Counter()  # (operation, status, error typ
 
 
 def request_id_and_error_shape(ctx: Any, response: schemathesis.Response, case: schemathesis.Case) -> bool:
-    """Every response carries X-Request-ID; every 4xx/5xx is the one JSON error shape."""
+    """Every response carries X-Request-ID; every 4xx/5xx is the one JSON error shape (TEI's under /tei/)."""
     assert response.headers.get("x-request-id"), "no X-Request-ID header"
     kind = ""
-    if response.status_code >= 400:
+    if response.status_code >= 400 and case.operation.path.startswith("/tei/"):
+        body = response.json()
+        assert isinstance(body, dict) and set(body) == {"error", "error_type"}, body
+        assert isinstance(body["error"], str) and body["error_type"] in TEI_ERROR_TYPES, body
+        kind = body["error_type"]
+    elif response.status_code >= 400:
         body = response.json()
         assert isinstance(body, dict) and set(body) == {"error"}, body
         assert set(body["error"]) == {"type", "message"}, body

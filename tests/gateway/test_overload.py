@@ -194,3 +194,28 @@ async def test_an_abandoned_calls_region_is_reused_only_after_triton_lets_go(fak
         text = "through the region again"
         again = await client.post("/embed", json={"model": "fakeemb", "inputs": [text], "normalize": False, "backend": "onnx"})
         np.testing.assert_allclose(again.json()["embeddings"][0], fake_vector(text, EMBED_DIM), rtol=1e-6)
+
+
+@pytest.mark.anyio
+async def test_a_shedding_model_refuses_before_the_body_is_validated_or_tokenized(
+    storm_triton: TritonServer, storm_repository: Path
+) -> None:
+    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository), shed_pause_s=0.05) as (
+        app, client,
+    ):
+        assert (await client.post("/embed", json=embed_body(["warm"]))).status_code == 200
+        model = app.state.runtime.registry.resolve(MODEL, "embed")
+        backlog = app.state.runtime.inference.backlog_of(model)
+        backlog.service.observe(1000, 1.0)  # as if measured: 1 ms a token
+        backlog.add(10**6, 10**4)  # as if a huge backlog were queued: minutes of work ahead
+        invalid = {"model": MODEL, "inputs": [], "no_such_field": 1}  # a 422 once validated
+        for path, body in (("/embed", embed_body(["x"])), ("/embed", invalid), (f"/tei/{MODEL}/embed", {"inputs": "x"})):
+            refused = await client.post(path, json=body)
+            assert refused.status_code in (503, 429), (path, refused.text)  # TEI's convention: 429
+            assert int(refused.headers["retry-after"]) >= 1
+        assert backlog.shedding
+        metrics = (await client.get("/metrics")).text
+        assert 'route="/embed"' in metrics and f'route="/tei/{{model}}/embed"' in metrics
+        backlog.done(10**6, 10**4)  # the work drained: served again at once
+        assert (await client.post("/embed", json=embed_body(["x"]))).status_code == 200
+        assert (await client.post("/embed", json=invalid)).status_code == 422 and not backlog.shedding

@@ -6,7 +6,6 @@ side, /tokenize and /decode, token-array input, models.retrieve and the deep rea
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +18,14 @@ from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from devstack.tritonserver import TritonServer
-from tests.fixtures.repository import PYTHON_CPU, build_repository
-from tests.fixtures.tiny_models import (
-    NLI_LABELS,
-    write_tiny_cross_encoder,
-    write_tiny_pair_classifier,
-    write_tiny_st_embedder,
-)
+from tests.fixtures.tiny_models import NLI_LABELS
+from tests.gateway.conftest import PEER_MATRYOSHKA as MATRYOSHKA
+from tests.gateway.conftest import PEER_MAX_SEQ_LENGTH as MAX_SEQ_LENGTH
+from tests.gateway.conftest import PEER_PROMPTS as PROMPTS
 from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.anyio
 PIPELINES = ["scheduler", "ensemble"]
-PROMPTS = {"query": "query: ", "passage": "passage: "}
-MAX_SEQ_LENGTH = 24  # the embedder's sentence_bert_config.json: the builder takes it as max_seq_len
-MATRYOSHKA = [8, 16]
 QUERY = "which film is good"
 DOCS = [
     "the movie was really good",
@@ -44,39 +37,21 @@ DOCS = [
 TEXTS = ["the movie was great", "bad food", "hello world " * 12, "a", "안녕하세요 영화"]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("peer_models")
-    return {
-        "rerank": write_tiny_cross_encoder(root / "cross"),
-        "nli": write_tiny_pair_classifier(root / "nli"),
-        "st": write_tiny_st_embedder(root / "st", normalize=True, prompts=PROMPTS, default_prompt_name="passage",
-                                     max_seq_length=MAX_SEQ_LENGTH, matryoshka_dims=MATRYOSHKA),
-    }
+# The peer models, their repository and the tritonserver serving them are session fixtures
+# (tests/gateway/conftest.py), shared with test_peer_clients.py.
+@pytest.fixture
+def models(peer_models: dict[str, Path]) -> dict[str, Path]:
+    return peer_models
 
 
-@pytest.fixture(scope="module")
-def repository(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repository = tmp_path_factory.mktemp("peer_repository") / "model_repository"
-    build_repository(
-        repository,
-        [
-            {"model": str(models["rerank"]), "task": "rerank", "name": "reranker", "max_seq_len": 32},
-            {"model": str(models["nli"]), "task": "rerank", "name": "nlirank", "score_label": "entailment",
-             "max_seq_len": 32},
-            {"model": str(models["nli"]), "task": "classify", "name": "nli", "pairs": True, "max_seq_len": 32},
-            {"model": str(models["st"]), "task": "embed", "name": "st"},
-        ],
-        **PYTHON_CPU,
-        max_batch_size=8,
-    )
-    return repository
+@pytest.fixture
+def repository(peer_repository: Path) -> Path:
+    return peer_repository
 
 
-@pytest.fixture(scope="module")
-def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    with TritonServer(repository=repository, log_path=tmp_path_factory.mktemp("peer_logs") / "triton.log") as s:
-        yield s
+@pytest.fixture
+def server(peer_server: TritonServer) -> TritonServer:
+    return peer_server
 
 
 def gateway(server: TritonServer, repository: Path, pipeline: str = "scheduler", **settings: Any) -> Any:
