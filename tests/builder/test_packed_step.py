@@ -378,19 +378,25 @@ def test_packed_layout_refusals(tiny_embedder_dir: Path, tmp_path: Path, capsys:
 
 @pytest.mark.timeout(300)
 def test_gpu_build_here_publishes_the_gpu_form_checked_through_its_cpu_form(tiny_classifier_dir: Path,
+                                                                            model_dirs: dict[str, Path],
                                                                             tmp_path: Path) -> None:
     """The default --runtime python --device gpu build on a machine without CUDA: fp16 PackedMultiHeadAttention
-    graph, KIND_GPU packed step, parity run on the CPU form of the very graph published (it says so)."""
+    graph, KIND_GPU packed step, parity (every output, bge-m3's per-token ones too) run on the CPU form of the very
+    graph published, and the manifest says so."""
     repository = tmp_path / "repo"
-    build_repository(repository, [{"model": str(tiny_classifier_dir), "task": "classify", "name": "g"}],
+    build_repository(repository, [{"model": str(tiny_classifier_dir), "task": "classify", "name": "g"},
+                                  {"model": str(model_dirs["bge-m3"]), "task": "embed", "name": "m3"}],
                      runtime="python", device="gpu", formats="onnx", **TINY_LIMITS)
-    manifest = read_manifest(repository / "g_onnx")
-    assert manifest is not None and manifest.settings.layout == "packed" and manifest.settings.merge_buckets
-    assert (manifest.onnx.layout, manifest.onnx.packed_form, manifest.onnx.precision) == ("packed", "gpu", "fp16")
-    assert manifest.onnx.fused_ops["PackedMultiHeadAttention"] == 2 and "MultiHeadAttention" not in manifest.onnx.fused_ops
-    (parity,) = manifest.parity
-    assert parity.passed and parity.layout == "packed" and "CPU form" in parity.ran_on
-    config = read_config(repository / "g_onnx" / "config.pbtxt")
-    assert config.parameters[Param.LAYOUT].string_value == "packed" and config.instance_group[0].kind == 1  # KIND_GPU
-    with pytest.raises(Exception, match="PackedMultiHeadAttention"):
-        ort.InferenceSession(str(repository / "g_onnx" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    for name, outputs in (("g", 1), ("m3", 4)):
+        manifest = read_manifest(repository / f"{name}_onnx")
+        assert manifest is not None and manifest.settings.layout == "packed" and manifest.settings.merge_buckets
+        assert (manifest.onnx.layout, manifest.onnx.packed_form, manifest.onnx.precision) == ("packed", "gpu", "fp16")
+        assert manifest.onnx.fused_ops["PackedMultiHeadAttention"] == 2
+        assert "MultiHeadAttention" not in manifest.onnx.fused_ops
+        assert len(manifest.parity) == outputs
+        assert all(p.passed and p.layout == "packed" and "CPU form" in p.ran_on for p in manifest.parity)
+        config = read_config(repository / f"{name}_onnx" / "config.pbtxt")
+        assert config.parameters[Param.LAYOUT].string_value == "packed" and config.instance_group[0].kind == 1  # GPU
+        with pytest.raises(Exception, match="PackedMultiHeadAttention"):
+            ort.InferenceSession(str(repository / f"{name}_onnx" / "1" / "model.onnx"),
+                                 providers=["CPUExecutionProvider"])
