@@ -45,6 +45,7 @@ from builder.settings import (
     Task,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_SPARSE_MAX_BATCH_TOKENS,
+    default_instances,
     default_preferred_batch_sizes,
 )
 from builder.source import (
@@ -312,6 +313,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
                          f"({request.max_batch_size})")
     if bool(widths) != bool(rows):
         raise BuildError(f"{request.name}: give --batch-widths and --batch-rows together")
+    instances, tokenizer_instances = default_instances(request.device, request.runtime)
     max_batch_tokens = request.max_batch_tokens or (
         DEFAULT_SPARSE_MAX_BATCH_TOKENS if task == "sparse-embed" else DEFAULT_MAX_BATCH_TOKENS)
     return ResolvedSettings(
@@ -319,9 +321,9 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
         pooling=task_settings.pooling, labels=task_settings.labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
-        preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
+        preferred_batch_sizes=sorted(set(preferred)), instances=request.instances or instances,
         queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,
-        tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
+        tokenizer_instances=request.tokenizer_instances or tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
         onnx_optimize=onnx_optimize, onnx_precision=precision, max_batch_tokens=max_batch_tokens,
         batch_widths=widths, batch_rows=rows,
         merge_buckets=merge_buckets,

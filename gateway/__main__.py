@@ -20,7 +20,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # must be set before prometheus_clie
 
 def prepare_metrics_dir(settings: GatewaySettings) -> None:
     """With several workers, give prometheus-client an empty shared multiprocess directory."""
-    if settings.workers <= 1 or os.environ.get(MULTIPROC_ENV):
+    if settings.worker_count <= 1 or os.environ.get(MULTIPROC_ENV):
         return
     path = Path(settings.metrics_dir or tempfile.mkdtemp(prefix="gateway-metrics-"))
     if path.exists():
@@ -53,7 +53,7 @@ def main() -> None:
         factory=True,
         host=settings.host,
         port=settings.port,
-        workers=settings.workers,
+        workers=settings.worker_count,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=10,
