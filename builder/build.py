@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from transformers import PretrainedConfig
 
 from builder import configs, tensorrt_engine
 from builder.checks import check_names, check_options
@@ -30,10 +32,12 @@ from builder.manifest import (
     read_manifest,
     write_manifest,
 )
-from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
-from builder.parity import ParityResult, compare, parity_inputs, real_tokens, torch_references
+from builder.optimize import FUSED_OPS, onnx_op_counts, optimize_for_onnxruntime, publish_onnx, save_onnx
+from builder.packing import PACKED_FAMILIES, PackingError, cpu_form, packed_model, position_offset
+from builder.parity import ParityResult, compare, packed_parity_inputs, parity_inputs, real_tokens, torch_references
 from builder.publish import publish, staging_directory
 from builder.settings import (
+    PACKED_TASKS,
     BuildRequest,
     Format,
     Pooling,
@@ -62,8 +66,10 @@ from contract import (
     ATTENTION_MASK,
     BATCHING_MODULE,
     LABELS_FILE,
+    PACKING_MODULE,
     TOKENIZATION_MODULE,
     TOKENIZER_FILE,
+    Layout,
     OnnxAccelerator,
     entry_names,
 )
@@ -293,6 +299,8 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     onnx_optimize = request.onnx_optimize
     if onnx_optimize is None:
         onnx_optimize = accelerator != "tensorrt" or request.onnx_precision == "fp16"
+    layout = resolve_layout(request, source, formats, onnx_optimize)
+    merge_buckets = merge_buckets or layout == "packed"  # a packed step's inputs are ragged: any shapes merge
     precision = request.onnx_precision or ("fp16" if gpu and onnx_optimize and accelerator != "tensorrt" else "fp32")
     widths = sorted(set(request.batch_widths)) if request.batch_widths is not None else (
         list(default_widths(max_seq_len)) if gpu else [])
@@ -327,8 +335,22 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         onnx_trt_cache=request.onnx_trt_cache if accelerator == "tensorrt" else "",
         splade_pooling=task_settings.splade.pooling if task_settings.splade else None,
         splade_activation=task_settings.splade.activation if task_settings.splade else None,
-        flag_heads=task_settings.flag_heads, sparse_skip_ids=task_settings.sparse_skip_ids,
+        flag_heads=task_settings.flag_heads, sparse_skip_ids=task_settings.sparse_skip_ids, layout=layout,
     )
+
+
+def resolve_layout(request: BuildRequest, source: ModelSource, formats: list[Format], onnx_optimize: bool) -> Layout:
+    """--layout; by default packed for a python-runtime GPU onnx step of a family the rewrite knows
+    (builder/packing.py), else padded (check_options refused the impossible combinations)."""
+    family = source.config.model_type
+    if request.layout == "packed" and family not in PACKED_FAMILIES:
+        raise BuildError(f"{request.name}: --layout packed supports the {', '.join(sorted(PACKED_FAMILIES))} model "
+                         f"families; {request.model!r} is {family!r}: build it with --layout padded")
+    if request.layout is not None:
+        return request.layout
+    packable = (request.runtime == "python" and request.device == "gpu" and "onnx" in formats and onnx_optimize
+                and request.merge_buckets is not False and family in PACKED_FAMILIES and request.task in PACKED_TASKS)
+    return "packed" if packable else "padded"
 
 
 def resolve_accelerator(request: BuildRequest) -> OnnxAccelerator:
@@ -344,6 +366,10 @@ def plan(request: BuildRequest, notices: list[str]) -> PlannedBuild:
     source = resolve_source(request.model, request.revision)
     formats = resolve_formats(request, notices.append)
     settings = resolve_settings(request, source, formats)
+    if (request.layout is None and settings.layout == "padded" and request.runtime == "python"
+            and request.device == "gpu" and source.config.model_type not in PACKED_FAMILIES):
+        notices.append(f"notice: {settings.name}: {source.config.model_type!r} models keep the padded layout (the "
+                       f"packed rewrite knows {', '.join(sorted(PACKED_FAMILIES))})")
     if settings.task == "classify" and not has_classification_head(source.config):
         notices.append(f"notice: {settings.name}: {settings.model!r} has no trained classification head; "
                        f"its {len(settings.labels or [])}-label head is randomly initialised (seed 0)")
@@ -388,6 +414,40 @@ def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str],
         providers.insert(0, "CUDAExecutionProvider")
     session = ort.InferenceSession(str(path), providers=providers)
     return [np.asarray(o) for o in session.run(outputs, inputs)]
+
+
+def _pack_graph(planned: PlannedBuild, path: Path, config: PretrainedConfig, log: Log) -> None:
+    """Rewrite the optimized graph at `path` into the packed layout's (builder/packing.py): the GPU form on GPU
+    builds, the CPU form on CPU builds. A graph the rewrite does not know is a build error."""
+    s = planned.settings
+    form = "gpu" if s.device == "gpu" else "cpu"
+    with _step(log, f"{s.name}: rewriting the graph into the packed layout ({form} form)"):
+        try:
+            model = packed_model(onnx.load(str(path)), task=s.task, pooling=s.pooling,
+                                 num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size),
+                                 offset=position_offset(config.model_type, config.pad_token_id), form=form)
+        except PackingError as exc:
+            raise BuildError(f"{s.name}: the packed layout cannot be built for this graph ({exc}); build it with "
+                             "--layout padded") from None
+        save_onnx(model, path)
+
+
+def _packed_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str, work: Path
+                    ) -> tuple[list[np.ndarray], str]:
+    """The published packed graph's outputs on the parity inputs (packed on the host; per-token outputs come
+    back [tokens, ...]), and where it ran: on the GPU where built for one and onnxruntime-gpu is installed;
+    else a GPU form runs as its CPU form (the same graph but attention: builder/packing.py), which onnxruntime's
+    CPU provider can run."""
+    feed = packed_parity_inputs(inputs)
+    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        return [np.asarray(o) for o in session.run(outputs, feed)], "CUDAExecutionProvider"
+    ran_on = "CPUExecutionProvider"
+    if device == "gpu":
+        save_onnx(cpu_form(onnx.load(str(path))), work / "cpu_form.onnx")
+        path, ran_on = work / "cpu_form.onnx", "CPUExecutionProvider (the GPU form's CPU form: no CUDA here)"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in session.run(outputs, feed)], ran_on
 
 
 def _check(result: ParityResult, planned: PlannedBuild, log: Log) -> None:
@@ -454,7 +514,8 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                 hidden = int(getattr(config, "hidden_size", 0) or 0)
                 with _step(log, f"{s.name}: optimizing the ONNX graph ({s.onnx_precision})"):
                     facts.fused_ops = optimize_for_onnxruntime(optimizer_input, onnx_path, heads, hidden,
-                                                               float16=s.onnx_precision == "fp16")
+                                                               float16=s.onnx_precision == "fp16",
+                                                               multi_head_attention=s.layout == "packed")
                 facts.optimized = True
                 facts.precision = s.onnx_precision
                 log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops} ({facts.precision})")
@@ -463,28 +524,49 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                         "the model runs with unfused attention (onnxruntime 1.31 fuses it on BERT exports of transformers 5)")
             except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if s.layout == "packed":
+                    raise BuildError(f"{s.name}: onnxruntime's transformer optimizer failed ({reason}); the packed "
+                                     "layout needs its fused attention: build it with --layout padded") from None
                 log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({reason}); publishing the plain export")
         if not facts.optimized:
             publish_onnx(raw_path, onnx_path)
+        if s.layout == "packed":
+            _pack_graph(planned, onnx_path, config, log)
+            facts.layout = "packed"
+            facts.packed_form = "gpu" if s.device == "gpu" else "cpu"
+            counts = onnx_op_counts(onnx_path)
+            facts.fused_ops = {op: counts[op] for op in FUSED_OPS if op in counts}
+            log(f"{s.name}: packed graph ({facts.packed_form} form): {facts.fused_ops}")
         facts.ops = onnx_op_counts(onnx_path)
         artifact = "onnx_fp16" if facts.precision == "fp16" else "onnx"
         with _step(log, f"{s.name}: running {artifact} for the parity check"):
-            outputs = _onnx_outputs(onnx_path, inputs, s.output_names, s.device)
-        results.append(compare(artifact, s.task, reference, outputs[0], s.max_seq_len))
+            if s.layout == "packed":
+                outputs, ran_on = _packed_outputs(onnx_path, inputs, s.output_names, s.device, raw_path.parent)
+            else:
+                outputs, ran_on = _onnx_outputs(onnx_path, inputs, s.output_names, s.device), ""
         mask = inputs[ATTENTION_MASK]
-        for name, ref, got in zip(s.token_outputs, references[1:], outputs[1:]):
-            results.append(compare(artifact, s.task, real_tokens(ref, mask), real_tokens(got, mask), s.max_seq_len,
-                                   output=name))
+        results.append(compare(artifact, s.task, reference, outputs[0], s.max_seq_len))
+        for name, ref, got in zip(s.token_outputs, references[1:], outputs[1:]):  # packed: [T, ...] already
+            got = got.reshape(len(got), -1) if s.layout == "packed" else real_tokens(got, mask)
+            results.append(compare(artifact, s.task, real_tokens(ref, mask), got, s.max_seq_len, output=name))
+        if s.layout == "packed":
+            results = [r.model_copy(update={"layout": "packed", "ran_on": ran_on}) for r in results]
         if not s.skip_parity:
             for result in results:
                 _check(result, planned, log)
-        configs.write_step_config(onnx_dir, configs.onnx_config(s, width, facts.precision, planned.fingerprint,
-                                                                token_dims), s, warmup_ids)
+        step_config = configs.onnx_config(s, width, facts.precision, planned.fingerprint, token_dims)
+        if s.layout == "packed":
+            configs.set_vocabulary(step_config, int(config.vocab_size), int(getattr(config, "type_vocab_size", 0) or 0))
+        configs.write_step_config(onnx_dir, step_config, s, warmup_ids)
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
             _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")
             module = resources.files("contract").joinpath(BATCHING_MODULE).read_text()
             (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
+            if s.layout == "packed":  # the runner's packed path and the layout's rules (contract/packing.py)
+                _copy_model_py("packed_runner", onnx_dir / "1" / "packed_runner.py")
+                module = resources.files("contract").joinpath(PACKING_MODULE).read_text()
+                (onnx_dir / "1" / PACKING_MODULE).write_text(module)
     if "trt" in entries:
         trt_dir = staging / entries["trt"]
         configs.write_step_config(trt_dir, configs.trt_config(s, width, token_dims), s, warmup_ids)

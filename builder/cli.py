@@ -14,7 +14,7 @@ from builder.checks import check_requests
 from builder.errors import BuildError, UsageError
 from builder.settings import BuildRequest, Device, Format, Pooling, Precision, Runtime
 from builder.spec import format_validation_error, load_spec
-from contract import TASKS, OnnxAccelerator
+from contract import TASKS, Layout, OnnxAccelerator
 
 
 def _choices(literal: Any) -> list[str]:
@@ -73,6 +73,10 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
                      "(default with --device gpu: 8..64 by 8, ..128 by 16, ..256 by 32, ..512 by 64; none on CPU)"},
     "batch_rows": {"help": "comma list of row counts the batches take, ending with max-batch-size "
                    "(default with --device gpu: powers of two; none on CPU)"},
+    "layout": {"choices": _choices(Layout),
+               "help": "the onnx step's layout: packed (its graph computes real tokens only, rows back to back with "
+                       "cu_seqlens; takes packed and padded requests) or padded (default packed with --runtime python "
+                       "--device gpu for BERT/RoBERTa/XLM-R models, else padded; --runtime python only)"},
     "trt_opt_batch_size": {"type": int, "help": "TensorRT profile opt batch (default min(8, max-batch-size))"},
     "trt_workspace_mib": {"type": int, "help": "TensorRT workspace limit (default 4096)"},
     "trt_timing_cache": {"help": "TensorRT timing cache file reused across builds"},

@@ -16,6 +16,7 @@ from builder.settings import Format, ResolvedSettings, effective_buckets
 from builder.versions import set_policy
 from contract import (
     ATTENTION_MASK,
+    CU_SEQLENS,
     INPUT_IDS,
     LABELS_FILE,
     NUM_TOKENS,
@@ -128,11 +129,32 @@ def onnx_config(settings: ResolvedSettings, width: int, precision: str, build_id
         # onnxruntime backend parameter / read by the python-backend runner
         key = "intra_op_thread_count" if settings.runtime == "native" else Param.INTRA_OP_THREADS
         config.parameters[key].string_value = str(settings.onnx_threads)
+    if settings.layout == "packed":
+        _packed_step(config, settings)
     if settings.merge_buckets:  # the runner sorts the merged rows by length and pads sub-batches itself
         for tensor in config.input:
             tensor.allow_ragged_batch = True
     add_accelerator(config, settings, build_id)
     return config
+
+
+def _packed_step(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
+    """A `layout: packed` step (docs/contract.md): padded requests carry attention_mask, packed ones cu_seqlens
+    ([1, rows + 1]; input_ids and token_type_ids [1, T]), so both are optional. Its batches have no padded shapes
+    to keep to (no batch_widths/batch_rows); the runner refuses rows longer than max_seq_len."""
+    for tensor in config.input:
+        if tensor.name == ATTENTION_MASK:
+            tensor.optional = True
+    config.input.add(name=CU_SEQLENS, data_type=mc.TYPE_INT32, dims=[-1], optional=True)
+    for key in (Param.BATCH_WIDTHS, Param.BATCH_ROWS):
+        if key in config.parameters:
+            del config.parameters[key]
+    _set_parameters(config, {Param.LAYOUT: "packed", Param.MAX_SEQ_LEN: str(settings.max_seq_len)})
+
+
+def set_vocabulary(config: mc.ModelConfig, vocab_size: int, type_vocab_size: int) -> None:
+    """A packed step's `vocab_size` and `type_vocab_size`: the runner refuses ids outside the embedding tables."""
+    _set_parameters(config, {Param.VOCAB_SIZE: str(vocab_size), Param.TYPE_VOCAB_SIZE: str(type_vocab_size)})
 
 
 def trt_config(settings: ResolvedSettings, width: int, token_dims: dict[str, list[int]] | None = None) -> mc.ModelConfig:

@@ -10,7 +10,8 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerFast
 
 from builder.export import RepositoryModel
-from contract import TOKEN_INPUTS
+from contract import ATTENTION_MASK, INPUT_IDS, TOKEN_INPUTS, TOKEN_TYPE_IDS
+from contract.packing import pack_padded
 
 # Short, long, truncated (longer than any max_seq_len), empty, non-ASCII.
 SENTENCES: tuple[str, ...] = (
@@ -43,6 +44,8 @@ class ParityResult(BaseModel):
     argmax_agree: bool | None  # logits (classify, rerank) only
     passed: bool
     thresholds: dict[str, float | str]
+    layout: str = "padded"  # packed: the sentences were fed packed (rows back to back, cu_seqlens)
+    ran_on: str = ""  # the onnxruntime provider of a packed artifact's run (a GPU form runs as its CPU form on CPU)
 
     def summary(self) -> str:
         agree = "" if self.argmax_agree is None else f", argmax agree={self.argmax_agree}"
@@ -65,6 +68,11 @@ def parity_inputs(tokenizer: PreTrainedTokenizerFast, max_seq_len: int, pairs: b
     batch = tokenizer(texts, second, truncation=True, max_length=max_seq_len, padding="longest",
                       return_tensors="np", return_token_type_ids=True)
     return {name: np.asarray(batch[name], dtype=np.int32) for name in TOKEN_INPUTS}
+
+
+def packed_parity_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The padded parity inputs in the packed layout (contract/packing.py): the packed graph's feed."""
+    return pack_padded(inputs[INPUT_IDS], inputs[ATTENTION_MASK], inputs[TOKEN_TYPE_IDS]).feed()
 
 
 def torch_references(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

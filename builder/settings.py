@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, OnnxAccelerator, Task, output_name
+from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, Layout, OnnxAccelerator, Task, output_name
 
 Format = Literal["onnx", "trt"]
 Device = Literal["gpu", "cpu"]
@@ -15,6 +15,9 @@ Pooling = Literal["mean", "cls", "lasttoken"]
 Precision = Literal["fp32", "fp16"]
 
 DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
+# Tasks the packed layout serves (builder/packing.py): pooling (and per-token outputs) or a classifier head on
+# each row's first token. A SPLADE row (sparse-embed: a max over each row's MLM logits) has no packed form.
+PACKED_TASKS: tuple[Task, ...] = ("embed", "classify", "rerank")
 DEFAULT_MAX_BATCH_TOKENS = 16384
 DEFAULT_SPARSE_MAX_BATCH_TOKENS = 4096  # a SPLADE call holds tokens x vocabulary logits (x 4 bytes)
 # Queue policy of every dynamic batcher (docs/contract.md): no request waits longer than this in a
@@ -140,6 +143,13 @@ class BuildRequest(BaseModel):
         "batching); the runner sorts the merged rows by length and pads each sub-batch to its own longest. "
         "Default: on for --runtime python --device gpu",
     )
+    layout: Layout | None = Field(
+        default=None,
+        description="the onnx model step's layout (docs/contract.md): packed = its graph computes real tokens only "
+        "(rows back to back, cu_seqlens) and it takes packed requests as well as padded ones; padded = rows padded "
+        "to a width. Default: packed with --runtime python --device gpu for BERT/RoBERTa/XLM-R models, else padded. "
+        "--runtime python only; TensorRT steps stay padded",
+    )
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
     trt_workspace_mib: int = Field(default=4096, gt=0)
     trt_timing_cache: str | None = None
@@ -205,6 +215,7 @@ class ResolvedSettings(BaseModel):
     # whose lexical weight FlagEmbedding drops (cls, eos, pad, unk)
     flag_heads: list[str] = Field(default_factory=list)
     sparse_skip_ids: list[int] = Field(default_factory=list)
+    layout: Layout = "padded"  # the onnx step's layout (builder/packing.py); TensorRT steps are always padded
 
     @property
     def output_name(self) -> str:

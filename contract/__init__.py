@@ -63,6 +63,7 @@ TRUNCATION_PARAMETER = "truncation_direction"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZATION_MODULE = "tokenization.py"  # contract/tokenization.py, copied next to the tokenizer's model.py
 BATCHING_MODULE = "batching.py"  # contract/batching.py, copied next to the python runner's model.py
+PACKING_MODULE = "packing.py"  # contract/packing.py, copied next to the python runner's model.py
 LABELS_FILE = "labels.txt"
 
 
@@ -98,6 +99,9 @@ class Param:
     BATCH_ROWS = "batch_rows"  # the row counts batches take, comma list
     INTRA_OP_THREADS = "intra_op_num_threads"
     LAYOUT = "layout"  # a Layout: "packed" = the step also takes packed requests (absent = "padded")
+    # layout packed: the ids the embedding tables hold; the runner refuses a request with others
+    VOCAB_SIZE = "vocab_size"
+    TYPE_VOCAB_SIZE = "type_vocab_size"
 
 
 def output_name(task: Task) -> str:

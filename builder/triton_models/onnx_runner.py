@@ -11,6 +11,9 @@ A batch the gateway formed (one request, already of a declared shape) runs as it
 `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's dynamic batcher merges requests
 of any width into one execute() call.
 
+A `layout: packed` step (docs/contract.md) runs packed_runner.py instead: its graph computes real
+tokens only, and it takes packed requests (cu_seqlens) as well as padded ones.
+
 A KIND_GPU instance runs on onnxruntime's CUDA execution provider or fails to load (never on the
 CPU quietly); a KIND_CPU instance on the CPU provider. Inputs and outputs stay int32 / float32
 whatever the graph computes in. Requests cancelled while they waited are not run (SkipCancelled).
@@ -71,8 +74,19 @@ class TritonPythonModel:
         self.call_cost_tokens = CALL_COST_TOKENS[kind]
         self.widths = parse_sizes(parameters.get("batch_widths", {}).get("string_value", ""))
         self.rows = parse_sizes(parameters.get("batch_rows", {}).get("string_value", ""))
-        warmed = self._warm_up()
-        self._execute = SkipCancelled(self._infer)
+        if parameters.get("layout", {}).get("string_value", "padded") == "packed":
+            from packed_runner import PackedSteps  # copied next to this file for packed steps only
+
+            def number(key):
+                return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
+
+            packed = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
+                                 (number("vocab_size"), number("type_vocab_size")))
+            warmed = packed.warm_up(gpu=kind == "GPU")
+            self._execute = SkipCancelled(packed)
+        else:
+            warmed = self._warm_up()
+            self._execute = SkipCancelled(self._infer)
         pb_utils.Logger.log_info(f"{args['model_name']}: onnxruntime {ort.__version__} on {self.session.get_providers()}, "
                                  f"{warmed}")
 
