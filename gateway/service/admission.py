@@ -107,6 +107,8 @@ class BusyClock:
 class Backlog:
     """Work admitted to one model and not yet done, and what serving it costs."""
 
+    shedding_models = 0  # backlogs of this process whose last check refused (the shedding gate's quick test)
+
     def __init__(self, name: str, unit: str, max_wait_s: float, call_units: int | None, call_rows: int = 0) -> None:
         self.name = name
         self.unit = unit
@@ -122,7 +124,17 @@ class Backlog:
         self.clock = BusyClock()
         self.call_latency_s = 0.0  # moving average of a call's wall time (queueing in Triton included)
         self.units_per_char = 0.3  # tokens per character of text, learned: sizes a request before it is tokenized
-        self.shedding = False  # the last check refused a request; cleared when one is admitted
+        self._shedding = False  # the last check refused a request; cleared when one is admitted
+
+    @property
+    def shedding(self) -> bool:
+        return self._shedding
+
+    @shedding.setter
+    def shedding(self, value: bool) -> None:
+        if value != self._shedding:
+            Backlog.shedding_models += 1 if value else -1
+            self._shedding = value
 
     def pending_call_count(self) -> int:
         """Calls that serving the pending work takes (at the least, where the gateway forms them)."""

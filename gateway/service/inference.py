@@ -201,8 +201,7 @@ class Inference:
 
     def shedding(self) -> bool:
         """Whether any model's last admission check refused a request."""
-        return any(p.scheduler.backlog.shedding for p in self.pipelines.values()) or any(
-            backlog.shedding for backlog, _ in self.backlogs.values())
+        return Backlog.shedding_models > 0
 
     def backlog_of(self, model: ServedModel, backend: Backend | None = None) -> Backlog | None:
         """The admission backlog requests for `model` meet (None before its first ensemble request)."""

@@ -334,6 +334,7 @@ class BatchScheduler:
 
     async def close(self) -> None:
         """Fail what is queued and wait for running batches."""
+        self.backlog.shedding = False  # a scheduler that is gone refuses nothing
         for row in list(self._queue):
             if row.state == _QUEUED and not row.caller.future.done():
                 row.caller.future.set_exception(unavailable("gateway is shutting down", type="shutting_down"))
