@@ -49,8 +49,8 @@ if ls "$root"/c/whl/*.whl >/dev/null 2>&1 && [ -n "$numpy1" ] && [ ! -d /tmp/inf
   inf_site=$(venv /tmp/infenv)
   install "$inf_site" $(ls "$root"/*/whl/*.whl | grep -v -e /py_spy- -e /uvicorn-0.5 | sort -u -t/ -k4,4)
 fi
-if ls "$root"/b/whl/py_spy-*.whl >/dev/null 2>&1 && [ ! -x /tmp/pyspy/bin/py-spy ]; then
-  install /tmp/pyspy "$root"/b/whl/py_spy-*.whl
+if ls "$root"/*/whl/py_spy-*.whl >/dev/null 2>&1 && [ ! -x /tmp/pyspy/bin/py-spy ]; then
+  install /tmp/pyspy $(ls "$root"/*/whl/py_spy-*.whl | head -1)
 fi
 nvlibs=$(find "$host_site/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: || true)
 cat > /tmp/lt-env.sh <<ENV
