@@ -52,8 +52,11 @@ class GatewaySettings(BaseSettings):
         "/embed_sparse of bge-m3-style models; at least max_seq_len): the shm regions of such an output hold "
         "about 1.25 x this + max_seq_len tokens x floats per token x 4 bytes.",
     )
-    max_batches_in_flight: int = Field(
-        2, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind them."
+    max_batches_in_flight: int | None = Field(
+        None, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind "
+        "them. Empty = by the step's device: 1 on a GPU (bigger batches; Triton runs the batches of all workers "
+        "side by side on the step's instances, measured best, loadtest/results/h100-20-tuning), 2 on a CPU (the "
+        "next batch waits in Triton while one runs).",
     )
     batch_call_cost_tokens: int | None = Field(
         None, ge=0, description="What one more model call costs, in tokens, when batches are cut by length "
@@ -103,7 +106,7 @@ class GatewaySettings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535, description="Listen port.")
     workers: int | Literal["auto"] = Field(
         "auto", description="Worker processes: a number, or `auto` (1 to 8): the CPUs of the gateway's own "
-        "CPU quota (a container limit), else a quarter of the host's CPUs (the rest is left to Triton's python "
+        "CPU quota (a container limit), else half the host's CPUs (the rest is left to Triton's python "
         "stubs and tokenizers). Each worker batches its own requests; Triton merges the batches of all workers.",
     )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
@@ -148,11 +151,12 @@ def cpu_quota() -> int | None:
 
 def auto_workers() -> int:
     """GATEWAY_WORKERS=auto, 1 to 8: the CPUs of this process's own quota (a gateway container with a CPU
-    limit has them to itself); without one, a quarter of the CPUs it may run on (the rest is left to
-    Triton's python stubs and tokenizers on the same host: 4 on a 16-core GPU host)."""
+    limit has them to itself); without one, half the CPUs it may run on (the other half is left to
+    Triton's python stubs and tokenizers on the same host: 8 on a 16-core GPU host, measured best there,
+    loadtest/results/h100-20-tuning)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cpu_quota()
-    return max(1, min(8, min(quota, cpus) if quota is not None else cpus // 4))
+    return max(1, min(8, min(quota, cpus) if quota is not None else cpus // 2))
 
 
 @lru_cache(maxsize=1)

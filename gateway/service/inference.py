@@ -71,6 +71,13 @@ class Inputs:
         return len(self.token_ids) if self.token_ids is not None else len(self.texts)
 
 
+def _batches_in_flight(settings: GatewaySettings, endpoint: Endpoint) -> int:
+    """GATEWAY_MAX_BATCHES_IN_FLIGHT, or by the step's device: 1 on a GPU, 2 on a CPU."""
+    if settings.max_batches_in_flight is not None:
+        return settings.max_batches_in_flight
+    return 1 if endpoint.step_on_gpu else 2
+
+
 def _input_sizes(policy: BatchPolicy, max_seq_len: int) -> dict[str, int]:
     """Bytes of each input of the largest batch `policy` forms."""
     if policy.layout == "packed":
@@ -216,10 +223,11 @@ class Inference:
         """The texts admitted to an ensemble, and the bound on those in flight to Triton (made on first use)."""
         entry = self.backlogs.get(endpoint.triton_model)
         size = endpoint.max_batch_size
-        if entry is None or entry[1].limit != size * self.settings.max_batches_in_flight:
+        in_flight = _batches_in_flight(self.settings, endpoint)
+        if entry is None or entry[1].limit != size * in_flight:
             entry = self.backlogs[endpoint.triton_model] = (
                 Backlog(endpoint.triton_model, "texts", self.settings.max_queue_wait_s, call_units=None),
-                InFlightLimit(size * self.settings.max_batches_in_flight),
+                InFlightLimit(size * in_flight),
             )
         return entry
 
@@ -388,7 +396,7 @@ class Inference:
         if endpoint.step_layout == "packed":  # only real tokens count: no widths, no row counts, no padding bound
             return BatchPolicy(
                 max_rows=s.max_batch_requests,  # a packed request is one of Triton's batch, whatever its rows
-                max_tokens=max(budget, model.max_seq_len), max_in_flight=s.max_batches_in_flight,
+                max_tokens=max(budget, model.max_seq_len), max_in_flight=_batches_in_flight(s, endpoint),
                 shapes=Shapes(model.max_seq_len), call_cost_tokens=0,
                 pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0, max_queue_wait_s=s.max_queue_wait_s,
                 layout="packed",
@@ -396,7 +404,7 @@ class Inference:
         return BatchPolicy(
             max_rows=max_rows,
             max_tokens=max(budget, model.max_seq_len),
-            max_in_flight=s.max_batches_in_flight,
+            max_in_flight=_batches_in_flight(s, endpoint),
             shapes=Shapes(model.max_seq_len, widths, rows),
             call_cost_tokens=_CALL_COST_TOKENS["GPU" if endpoint.step_on_gpu else "CPU"] if cost is None else cost,
             pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0,
