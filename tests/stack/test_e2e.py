@@ -24,7 +24,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,9 @@ class Stack:
     """One Compose project of the local CPU variant, with free host ports."""
 
     workdir: Path
-    project: str = field(default_factory=lambda: f"bert-e2e-{uuid.uuid4().hex[:8]}")
+    # One fixed project name: compose labels the images it builds with it, so a random name per run
+    # would rebuild every image and leave the previous ones dangling (<none>).
+    project: str = field(default_factory=lambda: os.environ.get("E2E_PROJECT", "bert-e2e"))
     ports: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,6 +143,13 @@ def write_inputs(workdir: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+def dangling_images(project: str) -> list[str]:
+    """Untagged (<none>) images that compose built for `project`."""
+    label = f"label=com.docker.compose.project={project}"
+    return subprocess.run(["docker", "images", "-q", "--filter", "dangling=true", "--filter", label],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
 def project_leftovers(project: str) -> list[str]:
     label = f"label=com.docker.compose.project={project}"
     containers = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True).stdout.split()
@@ -162,6 +170,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     tmp_path.chmod(0o755)
     write_inputs(tmp_path)
     stack = Stack(tmp_path)
+    stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "10", check=False)  # an aborted run's
     try:
         yield stack
     finally:
@@ -228,6 +237,11 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
     start = time.monotonic()
     stack.compose("build")
     timings["build_s"] = time.monotonic() - start
+    # The fixed tags now name the new images; a code change leaves the old ones untagged: remove them
+    # (only this project's), so that runs do not pile up <none> images.
+    subprocess.run(["docker", "image", "prune", "--force", "--filter",
+                    f"label=com.docker.compose.project={stack.project}"], capture_output=True, check=True)
+    assert dangling_images(stack.project) == []
 
     start = time.monotonic()
     stack.compose("up", "-d")
