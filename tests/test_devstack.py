@@ -69,7 +69,18 @@ def test_local_stack_gateway_honours_api_keys_of_the_environment(
             assert allowed.status_code == 200, allowed.text  # and the gateway reached devstack's Triton
 
 
-# --- python -m devstack: SIGHUP stops everything, a dead child is reported ---
+# --- python -m devstack: ports, SIGHUP stops everything, a dead child is reported ---
+
+
+def test_devstack_ports_flag_then_variable_then_default() -> None:
+    from devstack.__main__ import parse_args, ports
+
+    env = {"GATEWAY_PORT": "9080", "TRITON_GRPC_PORT": "9001", "TRITON_METRICS_PORT": ""}
+    assert ports(parse_args([]), {}) == (8080, {})  # Triton: free ports
+    assert ports(parse_args([]), env) == (9080, {"grpc_port": 9001})
+    flags = parse_args(["--port", "7080", "--triton-grpc-port", "7001", "--triton-http-port", "7000",
+                        "--triton-metrics-port", "7002"])
+    assert ports(flags, env) == (7080, {"http_port": 7000, "grpc_port": 7001, "metrics_port": 7002})
 
 
 @dataclass
@@ -106,12 +117,16 @@ def descendants(pid: int) -> list[psutil.Process]:
 @contextmanager
 def running_devstack(repository: Path, tmp_path: Path) -> Iterator[Devstack]:
     """`python -m devstack` in a session of its own, up and answering /healthz; killed at the end,
-    with whatever it started (a failing test leaves no orphans behind)."""
-    port, log_dir = free_port(), tmp_path / "logs"
+    with whatever it started (a failing test leaves no orphans behind). Its ports come the ways a user
+    sets them: the gateway's from GATEWAY_PORT, Triton's gRPC port from TRITON_GRPC_PORT, its HTTP
+    port from a flag (checked on tritonserver's command line)."""
+    port, grpc_port, http_port, log_dir = free_port(), free_port(), free_port(), tmp_path / "logs"
     log_dir.mkdir()
-    cmd = [sys.executable, "-m", "devstack", "--repository", str(repository), "--port", str(port), "--log-dir", str(log_dir)]
+    cmd = [sys.executable, "-m", "devstack", "--repository", str(repository), "--log-dir", str(log_dir),
+           "--triton-http-port", str(http_port)]
+    env = {**os.environ, "GATEWAY_PORT": str(port), "TRITON_GRPC_PORT": str(grpc_port)}
     with open(log_dir / "devstack.out", "wb") as out, open(log_dir / "devstack.err", "wb") as err:
-        process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=err, start_new_session=True)
+        process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=err, start_new_session=True, env=env)
     started: list[psutil.Process] = []
     try:
         url = f"http://127.0.0.1:{port}"
@@ -125,6 +140,7 @@ def running_devstack(repository: Path, tmp_path: Path) -> Iterator[Devstack]:
         assert set(children) >= {"tritonserver"} and len(children) == 2, children
         triton = children.pop("tritonserver")
         (gateway,) = children.values()
+        assert {f"--grpc-port={grpc_port}", f"--http-port={http_port}"} <= set(triton.cmdline()), triton.cmdline()
         prefix = next(a.removeprefix(PREFIX_FLAG) for a in triton.cmdline() if a.startswith(PREFIX_FLAG))
         yield Devstack(process, url, log_dir, triton, gateway, started, prefix)
     finally:
