@@ -405,4 +405,9 @@ def test_api_keys_protect_inference_and_models_not_operations(
         for path in ("/healthz", "/readyz", "/metrics"):
             r = client.get(path)
             assert r.status_code == 200 and r.headers["x-request-id"], (path, r.text)
+        # every refusal is counted on its own route (this gateway process's own registry), none as unmatched
+        refused = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in client.get("/metrics").text.splitlines()
+                   if line.startswith("gateway_requests_total{") and 'status="401"' in line}
+        assert {k.split('route="')[1].split('"')[0]: v for k, v in refused.items()} == {
+            path: 5.0 for _, path, _ in protected}, refused
     assert "k3y" not in log.read_text()

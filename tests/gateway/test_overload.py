@@ -31,6 +31,7 @@ from loadtest.corpus import fixed_length_corpus
 from loadtest.models import make_bert
 from loadtest.storm import Retry, StormReport, StormSettings, run_storm_sync, triton_embedding
 from tests.fixtures.repository import PYTHON_CPU, build_repository
+from tests.fixtures.metrics import delta
 from tests.gateway.conftest import running_gateway
 
 MODEL = "stormemb"
@@ -209,13 +210,16 @@ async def test_a_shedding_model_refuses_before_the_body_is_validated_or_tokenize
         backlog.service.observe(1000, 1.0)  # as if measured: 1 ms a token
         backlog.add(10**6, 10**4)  # as if a huge backlog were queued: minutes of work ahead
         invalid = {"model": MODEL, "inputs": [], "no_such_field": 1}  # a 422 once validated
+        before = (await client.get("/metrics")).text
         for path, body in (("/embed", embed_body(["x"])), ("/embed", invalid), (f"/tei/{MODEL}/embed", {"inputs": "x"})):
             refused = await client.post(path, json=body)
             assert refused.status_code in (503, 429), (path, refused.text)  # TEI's convention: 429
             assert int(refused.headers["retry-after"]) >= 1
         assert backlog.shedding
-        metrics = (await client.get("/metrics")).text
-        assert 'route="/embed"' in metrics and f'route="/tei/{{model}}/embed"' in metrics
+        after = (await client.get("/metrics")).text
+        counted = {(route, status): delta(before, after, "gateway_requests_total", route=route, status=status)
+                   for route, status in (("/embed", "503"), ("/tei/{model}/embed", "429"), ("unmatched", "503"))}
+        assert counted == {("/embed", "503"): 2, ("/tei/{model}/embed", "429"): 1, ("unmatched", "503"): 0}, counted
         backlog.done(10**6, 10**4)  # the work drained: served again at once
         assert (await client.post("/embed", json=embed_body(["x"]))).status_code == 200
         assert (await client.post("/embed", json=invalid)).status_code == 422 and not backlog.shedding
