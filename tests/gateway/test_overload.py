@@ -32,6 +32,7 @@ from loadtest.models import make_bert
 from loadtest.storm import Retry, StormReport, StormSettings, run_storm_sync, triton_embedding
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.fixtures.metrics import delta
+from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
 MODEL = "stormemb"
@@ -171,25 +172,35 @@ async def test_the_cost_of_a_call_is_learned_within_a_few_batched_calls(
         assert measured / 3 <= predicted <= measured * 3, (predicted, measured, per_call, per_token)
 
 
+def executions(triton: TritonServer, model: str) -> int:
+    """Triton's count of `model`'s successful inferences (counted once an execution has finished)."""
+    stats = grpcclient.InferenceServerClient(triton.grpc_url).get_inference_statistics(model, as_json=True)
+    return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
+
+
 @pytest.mark.anyio
-async def test_an_abandoned_calls_region_is_reused_only_after_triton_lets_go(fake_triton: TritonServer) -> None:
+async def test_an_abandoned_calls_region_is_reused_only_after_triton_lets_go(
+    fake_triton: TritonServer, tmp_path: Path
+) -> None:
     prefix = "gwretire"
+    gate = tmp_path / "release"  # the fake model holds the call until this file exists
     async with running_gateway(fake_triton.grpc_url, shm_prefix=prefix, shm_pool_size=1, request_timeout_s=0.5) as (
         app, client,
     ):
         pool = app.state.runtime.client.pools["fakeemb_onnx_ensemble"]
-        started = time.monotonic()
-        slow = await client.post("/embed", json={"model": "fakeemb", "inputs": ["sleep:1.5 a"], "normalize": False, "backend": "onnx"})
+        done_before = executions(fake_triton, "fakeemb_onnx")
+        slow = await client.post("/embed", json={"model": "fakeemb", "inputs": [f"hold:{gate} a"], "normalize": False,
+                                                 "backend": "onnx"})
         assert slow.status_code == 504 and slow.json()["error"]["type"] == "timeout"
-        # Triton still executes the abandoned call and holds the region: it stays out of the pool,
-        # while other models are served as usual.
+        # Triton still executes the abandoned call (held at the gate) and holds the region: it stays out of
+        # the pool, while other models are served as usual.
         assert pool.free == 0
         other = await client.post("/classify", json={"model": "fakecls", "inputs": ["meanwhile"]})
         assert other.status_code == 200
-        assert time.monotonic() - started < 1.4 and pool.free == 0
-        while pool.free == 0 and time.monotonic() - started < 10:
-            await asyncio.sleep(0.05)
-        assert pool.free == 1 and time.monotonic() - started >= 1.4  # back once Triton finished the call
+        assert pool.free == 0 and executions(fake_triton, "fakeemb_onnx") == done_before  # still held, still out
+        gate.touch()  # Triton finishes the call
+        await until(lambda: pool.free == 1, "the region back in the pool")
+        assert executions(fake_triton, "fakeemb_onnx") == done_before + 1  # back once Triton finished the call
         status = grpcclient.InferenceServerClient(fake_triton.grpc_url).get_system_shared_memory_status(as_json=True)
         assert pool.regions[0].name in status.get("regions", {})  # registered again
         text = "through the region again"
