@@ -350,7 +350,9 @@ def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
             # Triton traces every call (rate 1), joined or not; exports arrive within ~0.1 s, and the
             # margin is for a loaded 2-core machine
             wait_for(lambda: len(named("triton")) >= CALLS and len(named("InferRequest")) >= CALLS)
-            time.sleep(0.5)  # the rest of Triton's batch
+            # and the rest of each of Triton's traces (the ensemble, its step, the compute span)
+            wait_for(lambda: all(len([s for s in receiver.spans if s["service"] == "triton" and s["name"].endswith(end)])
+                                 >= CALLS for end in ("_ensemble", "fakeemb_onnx", "compute")))
     assert receiver.content_types == {"application/x-protobuf", "application/json"}
     calls = named("triton")
     assert len(calls) == CALLS and len(named("InferRequest")) == CALLS
