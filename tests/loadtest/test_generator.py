@@ -26,7 +26,8 @@ def test_closed_loop_on_each_gateway_endpoint(lt_stack: LocalStack, endpoint: st
     result = run_step(endpoint, GatewaySpec(url=lt_stack.gateway.url, endpoint=endpoint, model=model), SHORT, TEXTS)
     assert result.errors == 0, result.error_samples
     assert result.requests >= 10
-    assert 1.5 <= result.window_s < 3 and result.throughput_rps == pytest.approx(result.requests / result.window_s)
+    # the window is the requested duration, stretched to the last counted completion (never shorter)
+    assert result.window_s >= SHORT.duration_s and result.throughput_rps == pytest.approx(result.requests / result.window_s)
     assert 0 < result.latency_ms.p50 <= result.latency_ms.p99 <= result.latency_ms.max
     assert result.client_cpu_us_per_request > 0
 
@@ -44,8 +45,10 @@ def test_open_loop_holds_the_offered_rate(lt_stack: LocalStack) -> None:
     assert lt_stack.triton
     spec = TritonSpec(url=lt_stack.triton.grpc_url, model="fakeemb_onnx_ensemble")
     result = run_step("open", spec, StepSettings(mode="open", rate=60, concurrency=16, duration_s=2, warmup_s=0.3), TEXTS)
-    assert result.errors == 0 and result.dropped == 0
-    assert 30 <= result.throughput_rps <= 100, "Poisson arrivals at 60/s over 2 s"
+    assert result.errors == 0 and result.dropped == 0  # every arrival of the schedule was sent and answered
+    # Requests are counted by their scheduled arrival (seeded Poisson, 60/s over the 2 s window), not by when
+    # the machine got to them: the count is the schedule's, whatever the load
+    assert 60 <= result.requests <= 200, "Poisson arrivals at 60/s over 2 s"
 
 
 def test_two_client_processes_merge(lt_stack: LocalStack) -> None:
