@@ -33,8 +33,8 @@ import pytest
 import yaml
 
 from devstack.tritonserver import free_port
-from tests.fixtures.waiting import wait_until
 from tests.fixtures.tiny_models import HIDDEN_SIZE, LABELS, write_tiny_classifier, write_tiny_embedder
+from tests.fixtures.waiting import wait_until
 from tests.stack.tools import REPO_ROOT, clean_environment, compose_command, ensure_tools
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
