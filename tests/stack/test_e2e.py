@@ -6,7 +6,7 @@ base (scripts/build-local-base) with wheels from docker/wheelhouse (scripts/fill
 Triton is the PyPI-wheel tritonserver, the builder builds two tiny random BERT models (written
 here, mounted into the builder) with `--runtime python --device cpu --formats onnx`. Checks
 /classify and /embed through the published port (tensors over system shared memory between the
-gateway and Triton containers), both Prometheus targets up, the README's update workflow under a
+gateway and Triton containers), both Prometheus targets up, the update workflow of docs/deployment.md under a
 background load (`docker compose run --rm builder` builds version 2 of the embedder from other
 weights, the admin reload switches to it: answers change, no request fails, every answer is the old
 or the new vector), the second `up` reusing the built repository (the host folder
@@ -183,7 +183,7 @@ def embed(stack: Stack) -> tuple[int, Any]:
 
 
 def update_under_load(stack: Stack) -> float:
-    """The README's update workflow while a client calls /embed in a loop: build version 2 (the spec
+    """The update workflow of docs/deployment.md while a client calls /embed in a loop: build version 2 (the spec
     now names other weights), reload, check readiness. Returns the seconds the three commands took."""
     status, body = embed(stack)
     assert status == 200, body
