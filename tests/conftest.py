@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from devstack.fake_repository import write_fake_repository
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
 from tests.fixtures.tiny_models import (
@@ -63,4 +64,18 @@ def triton_server(python_repository: Path, tmp_path_factory: pytest.TempPathFact
     """A real tritonserver serving `python_repository` (log in a tmp dir: `server.log_path`)."""
     log = tmp_path_factory.mktemp("triton_logs") / "tritonserver.log"
     with TritonServer(repository=python_repository, log_path=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fake_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake-contract repository (fakecls + fakeemb, no real model: devstack/fake_repository.py)."""
+    return write_fake_repository(tmp_path_factory.mktemp("fake_repository"))
+
+
+@pytest.fixture(scope="session")
+def fake_triton(fake_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A real tritonserver on the fake repository, shared by every test that does not stop or reconfigure it."""
+    log = tmp_path_factory.mktemp("logs") / "fake_triton.log"
+    with TritonServer(repository=fake_repository, log_path=log) as server:
         yield server

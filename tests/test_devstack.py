@@ -54,14 +54,14 @@ def test_environment_passes_gateway_variables_and_settings_override(monkeypatch:
 
 
 def test_local_stack_gateway_honours_api_keys_of_the_environment(
-    python_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GATEWAY_API_KEYS", "sesame")
     monkeypatch.setenv("GATEWAY_TRITON_URL", "127.0.0.1:9")  # devstack's own Triton url wins
-    with LocalStack(python_repository, log_dir=tmp_path) as stack:
+    with LocalStack(fake_repository, log_dir=tmp_path) as stack:
         assert stack.gateway is not None
         with httpx.Client(base_url=stack.gateway.url, timeout=60) as http:
-            body = {"model": "tinyemb", "inputs": ["hello"]}
+            body = {"model": "fakeemb", "inputs": ["hello"]}
             denied = http.post("/embed", json=body)
             assert denied.status_code == 401, denied.text
             assert denied.json()["error"]["type"]
@@ -161,16 +161,20 @@ def assert_all_gone(stack: Devstack) -> None:
     assert shm_files(stack.shm_prefix) == []
 
 
-def test_sighup_stops_triton_and_the_gateway(python_repository: Path, tmp_path: Path) -> None:
-    with running_devstack(python_repository, tmp_path) as stack:
+# The fake-contract repository: devstack's process handling does not depend on the models, and its two
+# light python-backend models start faster than the builder's four.
+
+
+def test_sighup_stops_triton_and_the_gateway(fake_repository: Path, tmp_path: Path) -> None:
+    with running_devstack(fake_repository, tmp_path) as stack:
         assert shm_files(stack.shm_prefix)  # the python backend uses the prefix devstack gave it
         stack.process.send_signal(signal.SIGHUP)
         assert stack.process.wait(timeout=60) == 0, stack.stderr()
         assert_all_gone(stack)
 
 
-def test_dead_triton_is_reported_and_stops_the_gateway(python_repository: Path, tmp_path: Path) -> None:
-    with running_devstack(python_repository, tmp_path) as stack:
+def test_dead_triton_is_reported_and_stops_the_gateway(fake_repository: Path, tmp_path: Path) -> None:
+    with running_devstack(fake_repository, tmp_path) as stack:
         stack.triton.send_signal(signal.SIGKILL)  # its stubs stay behind, its regions too
         assert stack.process.wait(timeout=60) == 1
         assert_all_gone(stack)
@@ -182,9 +186,9 @@ def test_dead_triton_is_reported_and_stops_the_gateway(python_repository: Path, 
 # --- TritonServer leaves no python-backend regions in /dev/shm ---
 
 
-def test_triton_server_unlinks_its_shm_regions(python_repository: Path, tmp_path: Path) -> None:
-    server = TritonServer(repository=python_repository, log_path=tmp_path / "triton.log")
-    other = TritonServer(repository=python_repository)
+def test_triton_server_unlinks_its_shm_regions(fake_repository: Path, tmp_path: Path) -> None:
+    server = TritonServer(repository=fake_repository, log_path=tmp_path / "triton.log")
+    other = TritonServer(repository=fake_repository)
     assert server.shm_prefix != other.shm_prefix and server.shm_prefix.startswith("triton_python_backend_shm_region_")
     for kill in (True, False):
         server.start()

@@ -1,4 +1,5 @@
-"""Fixtures of the gateway tests: a fake-contract Triton (session) and in-process gateways."""
+"""Fixtures of the gateway tests: the peer models' repository and server (session) and in-process gateways
+(the fake-contract Triton is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from fastapi import FastAPI
 from devstack.tritonserver import TritonServer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from devstack.fake_repository import write_fake_repository
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.fixtures.tiny_models import write_tiny_cross_encoder, write_tiny_pair_classifier, write_tiny_st_embedder
 
@@ -28,20 +28,6 @@ PEER_MATRYOSHKA = [8, 16]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def fake_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fake repository (fakecls + fakeemb), see fake_repository.py."""
-    return write_fake_repository(tmp_path_factory.mktemp("fake_repository"))
-
-
-@pytest.fixture(scope="session")
-def fake_triton(fake_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """A real tritonserver on the fake repository, shared by the tests that do not stop it."""
-    log = tmp_path_factory.mktemp("logs") / "fake_triton.log"
-    with TritonServer(repository=fake_repository, log_path=log) as server:
-        yield server
 
 
 @pytest.fixture(scope="session")

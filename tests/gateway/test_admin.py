@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from builder.configs import read_config
 from builder.versions import versions
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
-from tests.fixtures.tiny_models import write_tiny_classifier, write_tiny_embedder
+from tests.fixtures.tiny_models import write_tiny_embedder
 from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
@@ -45,15 +46,13 @@ def _build(repository: Path, models: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def lifecycle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, Path, Path]]:
-    """(server, repository, root): tinycls and tinyemb built into a repository of this module only."""
+def lifecycle(python_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, Path, Path]]:
+    """(server, repository, root): a copy of the session's tinycls + tinyemb repository (the same builder
+    output, not built again), served by a tritonserver of this module only: its tests unload, rebuild and
+    reload models."""
     root = tmp_path_factory.mktemp("admin")
     repository = root / "model_repository" / "models"
-    repository.parent.mkdir()
-    _build(repository, [
-        {"model": str(write_tiny_classifier(root / "cls")), "task": "classify", "name": "tinycls"},
-        {"model": str(write_tiny_embedder(root / "emb_v1", seed=1)), "task": "embed", "name": "tinyemb"},
-    ])
+    shutil.copytree(python_repository, repository)
     with TritonServer(repository, log_path=root / "tritonserver.log") as server:
         assert "--model-control-mode=explicit" in server.command(Path("/x")) and "--load-model=*" in server.command(Path("/x"))
         yield server, repository, root

@@ -7,20 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from devstack.stack import LocalStack
 from devstack.tritonserver import free_port
 from loadtest.cli import main as cli_main
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.runner import run_step
 from loadtest.stats import StepSettings
 from loadtest.targets import GatewaySpec, TritonSpec
+from tests.loadtest.conftest import Stack
 
 TEXTS = make_corpus(CorpusSpec(size=300))
 SHORT = StepSettings(duration_s=1.5, warmup_s=0.3, concurrency=4)
 
 
 @pytest.mark.parametrize("endpoint", ["classify", "embed", "openai"])
-def test_closed_loop_on_each_gateway_endpoint(lt_stack: LocalStack, endpoint: str) -> None:
+def test_closed_loop_on_each_gateway_endpoint(lt_stack: Stack, endpoint: str) -> None:
     assert lt_stack.gateway
     model = "fakecls" if endpoint == "classify" else "fakeemb"
     result = run_step(endpoint, GatewaySpec(url=lt_stack.gateway.url, endpoint=endpoint, model=model), SHORT, TEXTS)
@@ -33,7 +33,7 @@ def test_closed_loop_on_each_gateway_endpoint(lt_stack: LocalStack, endpoint: st
 
 
 @pytest.mark.parametrize("shm", [False, True])
-def test_direct_triton_batches_plain_and_shared_memory(lt_stack: LocalStack, shm: bool) -> None:
+def test_direct_triton_batches_plain_and_shared_memory(lt_stack: Stack, shm: bool) -> None:
     assert lt_stack.triton
     spec = TritonSpec(url=lt_stack.triton.grpc_url, model="fakeemb_onnx_ensemble", shm=shm)
     result = run_step("triton", spec, SHORT.model_copy(update={"batch": 8}), TEXTS)
@@ -41,7 +41,7 @@ def test_direct_triton_batches_plain_and_shared_memory(lt_stack: LocalStack, shm
     assert result.items == result.requests * 8 and result.requests >= 10
 
 
-def test_open_loop_holds_the_offered_rate(lt_stack: LocalStack) -> None:
+def test_open_loop_holds_the_offered_rate(lt_stack: Stack) -> None:
     assert lt_stack.triton
     spec = TritonSpec(url=lt_stack.triton.grpc_url, model="fakeemb_onnx_ensemble")
     result = run_step("open", spec, StepSettings(mode="open", rate=60, concurrency=16, duration_s=2, warmup_s=0.3), TEXTS)
@@ -51,7 +51,7 @@ def test_open_loop_holds_the_offered_rate(lt_stack: LocalStack) -> None:
     assert 60 <= result.requests <= 200, "Poisson arrivals at 60/s over 2 s"
 
 
-def test_two_client_processes_merge(lt_stack: LocalStack) -> None:
+def test_two_client_processes_merge(lt_stack: Stack) -> None:
     assert lt_stack.gateway
     spec = GatewaySpec(url=lt_stack.gateway.url, endpoint="embed", model="fakeemb")
     result = run_step("procs", spec, SHORT.model_copy(update={"procs": 2}), TEXTS)
@@ -65,7 +65,7 @@ def test_errors_are_counted_not_raised() -> None:
     assert result.error_samples
 
 
-def test_cli_writes_json_table_and_plot(lt_stack: LocalStack, tmp_path: Path) -> None:
+def test_cli_writes_json_table_and_plot(lt_stack: Stack, tmp_path: Path) -> None:
     assert lt_stack.gateway
     rc = cli_main(["gateway", "--url", lt_stack.gateway.url, "--endpoint", "embed", "--endpoint", "openai",
                    "--model", "fakeemb", "--concurrency", "1,2", "--rate", "20", "--duration", "1", "--warmup", "0.2",
