@@ -34,6 +34,7 @@ from builder.configs import read_config
 from builder.manifest import read_manifest
 from builder.settings import BuildRequest, ResolvedSettings
 from devstack.tritonserver import TritonServer
+from tests.fixtures.triton import serving
 from tests.fixtures.waiting import until
 
 TINY = ["--runtime", "python", "--device", "cpu", "--formats", "onnx", "--max-seq-len", "64", "--max-batch-size", "8"]
@@ -107,7 +108,7 @@ def server(tiny_embedder_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         assert (policy.max_queue_size, policy.default_timeout_microseconds) == (size, timeout_us), entry
     for entry in ("plain_tokenizer", "plain_onnx"):
         assert not read_config(repository / entry / "config.pbtxt").dynamic_batching.HasField("default_queue_policy")
-    with TritonServer(repository, log_path=root / "tritonserver.log") as triton:
+    with serving(TritonServer(repository, log_path=root / "tritonserver.log")) as triton:
         yield triton
 
 

@@ -18,6 +18,7 @@ from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.fixtures.tiny_models import write_tiny_cross_encoder, write_tiny_pair_classifier, write_tiny_st_embedder
+from tests.fixtures.triton import serving
 
 # The peer models' embedder (sentence-transformers layout): prompts, max length, matryoshka dimensions.
 PEER_PROMPTS = {"query": "query: ", "passage": "passage: "}
@@ -65,7 +66,7 @@ def peer_repository(peer_models: dict[str, Path], tmp_path_factory: pytest.TempP
 @pytest.fixture(scope="session")
 def peer_server(peer_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """A real tritonserver serving `peer_repository` (test_peer_api.py, test_peer_clients.py)."""
-    with TritonServer(repository=peer_repository, log_path=tmp_path_factory.mktemp("peer_logs") / "triton.log") as s:
+    with serving(TritonServer(repository=peer_repository, log_path=tmp_path_factory.mktemp("peer_logs") / "triton.log")) as s:
         yield s
 
 

@@ -31,6 +31,7 @@ from builder.versions import versions
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
 from tests.fixtures.tiny_models import write_tiny_embedder
+from tests.fixtures.triton import serving
 from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
@@ -53,7 +54,7 @@ def lifecycle(python_repository: Path, tmp_path_factory: pytest.TempPathFactory)
     root = tmp_path_factory.mktemp("admin")
     repository = root / "model_repository" / "models"
     shutil.copytree(python_repository, repository)
-    with TritonServer(repository, log_path=root / "tritonserver.log") as server:
+    with serving(TritonServer(repository, log_path=root / "tritonserver.log")) as server:
         assert "--model-control-mode=explicit" in server.command(Path("/x")) and "--load-model=*" in server.command(Path("/x"))
         yield server, repository, root
 

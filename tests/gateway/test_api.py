@@ -21,6 +21,7 @@ from devstack.fake_repository import (
 from devstack.tritonserver import TritonServer, free_port
 from gateway.triton.shm_pool import serialize_texts
 from tests.fixtures.metrics import delta
+from tests.fixtures.triton import serving
 from tests.gateway.conftest import running_gateway, shm_segments
 
 pytestmark = pytest.mark.anyio
@@ -255,7 +256,7 @@ async def test_a_contract_mismatch_is_a_502_not_wrong_numbers(tmp_path: Path) ->
     repository = write_fake_repository(tmp_path / "repo")
     _ensemble(repository, "wideemb", "fakeemb_onnx", "embeddings", EMBED_DIM,
               {"task": "embed", "embedding_dim": str(EMBED_DIM + 1), "pooling": "mean"})
-    with TritonServer(repository=repository, log_path=tmp_path / "triton.log") as server:
+    with serving(TritonServer(repository=repository, log_path=tmp_path / "triton.log")) as server:
         for shm in ("system", "none"):
             async with running_gateway(server.grpc_url, shm=shm, shm_prefix="gwmismatch") as (_, client):
                 r = await client.post("/embed", json={"model": "wideemb", "inputs": ["a b"]})

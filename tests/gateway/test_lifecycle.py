@@ -205,7 +205,7 @@ async def test_discovery_follows_the_repository(tmp_path: Path, caplog: pytest.L
             assert r.status_code == 200 and set(r.json()["predictions"][0]["scores"]) == set(renamed), r.text
         assert shm_segments(prefix) == [] and registered(server.grpc_url, prefix) == []
     finally:
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.stop, True)  # killed: the gateway is gone, nothing to drain
 
 
 async def test_unknown_model_burst_refreshes_once(fake_triton: TritonServer) -> None:

@@ -32,6 +32,7 @@ from loadtest.models import make_bert
 from loadtest.storm import Retry, StormReport, StormSettings, run_storm_sync, triton_embedding
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.fixtures.metrics import delta
+from tests.fixtures.triton import serving
 from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
@@ -54,7 +55,7 @@ def storm_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def storm_triton(storm_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     log = tmp_path_factory.mktemp("storm_logs") / "tritonserver.log"
-    with TritonServer(repository=storm_repository, log_path=log) as server:
+    with serving(TritonServer(repository=storm_repository, log_path=log)) as server:
         yield server
 
 

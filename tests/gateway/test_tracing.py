@@ -36,6 +36,7 @@ from gateway import tracing
 from gateway.app import create_app
 from gateway.logs import JsonFormatter
 from gateway.settings import GatewaySettings
+from tests.fixtures.triton import serving
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -338,7 +339,7 @@ def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         triton = TritonServer(repository=fake_repository, extra_args=tuple(flags), log_path=tmp_path / "triton.log")
-        with triton, GatewayProcess(triton.grpc_url, settings={"shm_prefix": "gwotlp"}, log_path=tmp_path / "gw.log") as gw:
+        with serving(triton), GatewayProcess(triton.grpc_url, settings={"shm_prefix": "gwotlp"}, log_path=tmp_path / "gw.log") as gw:
             for i in range(CALLS):
                 r = httpx.post(f"{gw.url}/embed", json={"model": "fakeemb", "inputs": [f"hello traced world {i}"]},
                                timeout=30)
