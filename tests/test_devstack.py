@@ -67,6 +67,9 @@ def test_local_stack_gateway_honours_api_keys_of_the_environment(
             assert denied.json()["error"]["type"]
             allowed = http.post("/embed", json=body, headers={"Authorization": "Bearer sesame"})
             assert allowed.status_code == 200, allowed.text  # and the gateway reached devstack's Triton
+        assert stack.triton is not None  # (LocalStack's graceful stop is test_sighup's subject: kill it here)
+        stack.gateway.stop()
+        stack.triton.stop(kill=True)
 
 
 # --- python -m devstack: ports, SIGHUP stops everything, a dead child is reported ---

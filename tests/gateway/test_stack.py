@@ -62,6 +62,9 @@ def test_two_workers_openai_client_metrics_and_no_leak(
         assert float(line.rsplit(" ", 1)[1]) == 20.0
         assert "gateway_shm_regions 96.0" in metrics
         gateway = stack.gateway
+        gateway.stop()  # gracefully, as LocalStack would; Triton's graceful stop is not this test's subject
+        assert stack.triton is not None
+        stack.triton.stop(kill=True)
     assert gateway.process is not None and gateway.process.returncode == 0
     assert shm_segments(prefix) == []  # every worker unlinked its regions
     assert list(temp.iterdir()) == []  # nor is its metrics directory left behind

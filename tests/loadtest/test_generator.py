@@ -16,7 +16,7 @@ from loadtest.targets import GatewaySpec, TritonSpec
 from tests.loadtest.conftest import Stack
 
 TEXTS = make_corpus(CorpusSpec(size=300))
-SHORT = StepSettings(duration_s=1.5, warmup_s=0.3, concurrency=4)
+SHORT = StepSettings(duration_s=0.8, warmup_s=0.2, concurrency=4)  # plumbing, not figures: hundreds of calls
 
 
 @pytest.mark.parametrize("endpoint", ["classify", "embed", "openai"])
@@ -68,7 +68,7 @@ def test_errors_are_counted_not_raised() -> None:
 def test_cli_writes_json_table_and_plot(lt_stack: Stack, tmp_path: Path) -> None:
     assert lt_stack.gateway
     rc = cli_main(["gateway", "--url", lt_stack.gateway.url, "--endpoint", "embed", "--endpoint", "openai",
-                   "--model", "fakeemb", "--concurrency", "1,2", "--rate", "20", "--duration", "1", "--warmup", "0.2",
+                   "--model", "fakeemb", "--concurrency", "1,2", "--rate", "20", "--duration", "0.5", "--warmup", "0.1",
                    "--name", "smoke", "--out", str(tmp_path), "--no-progress", "--corpus-size", "100"])
     assert rc == 0
     out = tmp_path / "smoke"

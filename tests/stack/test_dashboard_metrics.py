@@ -20,6 +20,8 @@ import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,17 +117,17 @@ def scraped(triton_server: TritonServer, python_repository: Path,
     """Prometheus after two scraped rounds of traffic (see the module's docstring)."""
     root = tmp_path_factory.mktemp("dashboard")
     triton_metrics = triton_server.metrics_url.removeprefix("http://").removesuffix("/metrics")
-    with (
-        # the scheduler pipeline (the gateway reads the repository's tokenizers): the batching panels
-        GatewayProcess(triton_server.grpc_url, settings={"repository": str(python_repository), "shm_prefix": "gwdash"},
-                       log_path=root / "gateway.log") as gateway,
-        # a replica whose Triton is gone: its requests answer 503 (the 5xx panels)
-        GatewayProcess(f"127.0.0.1:{free_port()}", settings={"startup_timeout_s": "1", "shm_prefix": "gwdashlost"},
-                       log_path=root / "lost.log") as lost,
-    ):
-        prometheus = Prometheus({"gateway": [f"127.0.0.1:{gateway.port}", f"127.0.0.1:{lost.port}"],
-                                 "triton": [triton_metrics]}, root)
-        try:
+    # the scheduler pipeline (the gateway reads the repository's tokenizers): the batching panels
+    gateway = GatewayProcess(triton_server.grpc_url, settings={"repository": str(python_repository),
+                                                               "shm_prefix": "gwdash"}, log_path=root / "gateway.log")
+    # a replica whose Triton is gone: its requests answer 503 (the 5xx panels)
+    lost = GatewayProcess(f"127.0.0.1:{free_port()}", settings={"startup_timeout_s": "1", "shm_prefix": "gwdashlost"},
+                          log_path=root / "lost.log")
+    prometheus = Prometheus({"gateway": [f"127.0.0.1:{gateway.port}", f"127.0.0.1:{lost.port}"],
+                             "triton": [triton_metrics]}, root)
+    try:
+        with ExitStack() as stack, ThreadPoolExecutor(2) as pool:
+            list(pool.map(stack.enter_context, (gateway, lost)))  # both start at once, Prometheus meanwhile
             wait_until(prometheus.ready, "prometheus ready")
             wait_until(lambda: prometheus.total("count(up == 1)") == 3, "all three targets scraped and up")
             sent = 0
@@ -144,8 +146,8 @@ def scraped(triton_server: TritonServer, python_repository: Path,
                     wait_until(lambda: prometheus.total("sum(gateway_requests_total)") == sent,
                                f"{sent} requests scraped", within_s=60)
             yield prometheus
-        finally:
-            prometheus.stop()
+    finally:
+        prometheus.stop()
 
 
 def has_data(result: list[dict[str, Any]]) -> bool:
