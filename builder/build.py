@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from transformers import PretrainedConfig
 
 from builder import configs, tensorrt_engine
 from builder.checks import check_names, check_options
 from builder.errors import BuildError
+from builder.attention import ATTENTION, FUSED_EXPORT_TYPES
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import (
     Manifest,
@@ -29,21 +32,28 @@ from builder.manifest import (
     read_manifest,
     write_manifest,
 )
-from builder.optimize import onnx_op_counts, optimize_for_onnxruntime, publish_onnx
-from builder.parity import ParityResult, compare, parity_inputs, torch_reference
+from builder.optimize import FUSED_OPS, onnx_op_counts, optimize_for_onnxruntime, publish_onnx, save_onnx
+from builder.packing import PACKED_FAMILIES, PackingError, cpu_form, packed_model, position_offset
+from builder.parity import ParityResult, compare, packed_parity_inputs, parity_inputs, real_tokens, torch_references
 from builder.publish import publish, staging_directory
 from builder.settings import (
+    PACKED_TASKS,
     BuildRequest,
     Format,
     Pooling,
     ResolvedSettings,
     Task,
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_SPARSE_MAX_BATCH_TOKENS,
+    default_instances,
     default_preferred_batch_sizes,
 )
 from builder.source import (
     SUPPORTED_POOLING,
     ModelSource,
     SentenceTransformersConfig,
+    SpladeConfig,
+    flag_heads,
     config_labels,
     config_matryoshka_dims,
     has_classification_head,
@@ -53,10 +63,13 @@ from builder.source import (
 )
 from builder.versions import next_version, stage_version
 from contract import (
+    ATTENTION_MASK,
     BATCHING_MODULE,
     LABELS_FILE,
+    PACKING_MODULE,
     TOKENIZATION_MODULE,
     TOKENIZER_FILE,
+    Layout,
     OnnxAccelerator,
     entry_names,
 )
@@ -130,6 +143,9 @@ class TaskSettings:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     matryoshka_dims: list[int] = field(default_factory=list)
+    splade: SpladeConfig | None = None
+    flag_heads: list[str] = field(default_factory=list)
+    sparse_skip_ids: list[int] = field(default_factory=list)
 
 
 def _labels(request: BuildRequest, source: ModelSource, task: Task) -> list[str]:
@@ -195,26 +211,62 @@ def _matryoshka_dims(request: BuildRequest, source: ModelSource) -> list[int]:
 
 
 def _embed_settings(request: BuildRequest, source: ModelSource, st: SentenceTransformersConfig) -> TaskSettings:
-    """Pooling and normalisation as the model was trained (sentence-transformers modules), prompts, matryoshka."""
-    if request.pooling is None:
-        if st.pooling_problem:
-            raise BuildError(f"{request.name}: the model's sentence-transformers Pooling asks for {st.pooling_problem}, "
-                             f"which the export cannot do; --pooling {'|'.join(SUPPORTED_POOLING)} overrides it")
-        extra = st.unsupported_modules()
-        if extra:
-            raise BuildError(f"{request.name}: the model's modules.json has module(s) the export cannot run "
-                             f"({', '.join(extra)}); only Transformer, Pooling and Normalize are supported")
+    """Pooling and normalisation as the model was trained (sentence-transformers modules), prompts, matryoshka,
+    and bge-m3's FlagEmbedding heads where the folder ships them."""
+    if st.is_sparse_encoder:
+        raise BuildError(f"{request.name}: {request.model!r} is a sentence-transformers SparseEncoder (SPLADE: MLM head "
+                         "+ SpladePooling); --task embed would serve mean-pooled hidden states instead of its sparse "
+                         "vectors. Build it with --task sparse-embed")
+    extra = st.unsupported_modules()
+    if extra and st.is_multi_vector:
+        raise BuildError(f"{request.name}: {request.model!r} is a multi-vector (ColBERT) model, which the builder "
+                         f"does not serve: its module(s) {', '.join(extra)} (and the query expansion and skiplist "
+                         "its encode applies) are not exported. bge-m3-style ColBERT heads (colbert_linear.pt) are")
+    if extra:
+        raise BuildError(f"{request.name}: the model's modules.json has module(s) the export cannot run "
+                         f"({', '.join(extra)}); an embedder may have only Transformer, Pooling and Normalize")
+    if request.pooling is None and st.pooling_problem:
+        raise BuildError(f"{request.name}: the model's sentence-transformers Pooling asks for {st.pooling_problem}, "
+                         f"which the export cannot do; --pooling {'|'.join(SUPPORTED_POOLING)} overrides it")
     prompts, default = _prompts(request, st)
+    heads = flag_heads(source.path)
+    found = [name for name, path in (("sparse", heads.sparse), ("colbert", heads.colbert)) if path is not None]
+    tok = source.tokenizer
+    # FlagEmbedding drops the lexical weights of these tokens (M3Embedder._process_token_weights)
+    skip = sorted({int(i) for i in (tok.cls_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id)
+                   if i is not None}) if heads.sparse else []
     return TaskSettings(
         pooling=request.pooling or cast(Pooling | None, st.pooling) or "mean",
         normalize=True if st.normalize is None else st.normalize,  # no modules.json: normalise (TEI's default)
         prompts=prompts, default_prompt_name=default, matryoshka_dims=_matryoshka_dims(request, source),
+        flag_heads=found, sparse_skip_ids=skip,
     )
+
+
+def _sparse_settings(request: BuildRequest, source: ModelSource, st: SentenceTransformersConfig) -> TaskSettings:
+    """SPLADE: a SparseEncoder folder (ST 5 or ST 6 layout), or a bare masked-LM checkpoint (SPLADE's defaults)."""
+    masked_lm = any(a.endswith("ForMaskedLM") for a in (source.config.architectures or []))
+    if st.modules is not None and not st.is_sparse_encoder:
+        raise BuildError(f"{request.name}: {request.model!r} is a dense sentence-transformers model, not a "
+                         "SparseEncoder (MLM head + SpladePooling); build it with --task embed")
+    if st.modules is None and not masked_lm:
+        raise BuildError(f"{request.name}: --task sparse-embed needs a masked-LM checkpoint (`*ForMaskedLM`) or a "
+                         f"sentence-transformers SparseEncoder folder; {request.model!r} is neither")
+    extra = st.unsupported_modules()
+    if extra:
+        raise BuildError(f"{request.name}: the model's modules.json has module(s) the export cannot run "
+                         f"({', '.join(extra)}); a SparseEncoder may have only an MLM Transformer and SpladePooling")
+    if st.splade_problem:
+        raise BuildError(f"{request.name}: the model asks for {st.splade_problem}, which the export cannot do")
+    prompts, default = _prompts(request, st)
+    return TaskSettings(splade=st.splade or SpladeConfig(), prompts=prompts, default_prompt_name=default)
 
 
 def _task_settings(request: BuildRequest, source: ModelSource, task: Task, st: SentenceTransformersConfig) -> TaskSettings:
     if task == "embed":
         return _embed_settings(request, source, st)
+    if task == "sparse-embed":
+        return _sparse_settings(request, source, st)
     labels = _labels(request, source, task)
     if task == "rerank":
         return TaskSettings(labels=labels, pairs=True, score_label=_score_label(request, labels))
@@ -247,6 +299,8 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     onnx_optimize = request.onnx_optimize
     if onnx_optimize is None:
         onnx_optimize = accelerator != "tensorrt" or request.onnx_precision == "fp16"
+    layout = resolve_layout(request, source, formats, onnx_optimize)
+    merge_buckets = merge_buckets or layout == "packed"  # a packed step's inputs are ragged: any shapes merge
     precision = request.onnx_precision or ("fp16" if gpu and onnx_optimize and accelerator != "tensorrt" else "fp32")
     widths = sorted(set(request.batch_widths)) if request.batch_widths is not None else (
         list(default_widths(max_seq_len)) if gpu else [])
@@ -259,15 +313,18 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
                          f"({request.max_batch_size})")
     if bool(widths) != bool(rows):
         raise BuildError(f"{request.name}: give --batch-widths and --batch-rows together")
+    instances, tokenizer_instances = default_instances(request.device, request.runtime)
+    max_batch_tokens = request.max_batch_tokens or (
+        DEFAULT_SPARSE_MAX_BATCH_TOKENS if task == "sparse-embed" else DEFAULT_MAX_BATCH_TOKENS)
     return ResolvedSettings(
         model=request.model, revision=source.revision, task=task, name=request.name, formats=formats,
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
         pooling=task_settings.pooling, labels=task_settings.labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
-        preferred_batch_sizes=sorted(set(preferred)), instances=request.instances,
+        preferred_batch_sizes=sorted(set(preferred)), instances=request.instances or instances,
         queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,
-        tokenizer_instances=request.tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
-        onnx_optimize=onnx_optimize, onnx_precision=precision, max_batch_tokens=request.max_batch_tokens,
+        tokenizer_instances=request.tokenizer_instances or tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
+        onnx_optimize=onnx_optimize, onnx_precision=precision, max_batch_tokens=max_batch_tokens,
         batch_widths=widths, batch_rows=rows,
         merge_buckets=merge_buckets,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
@@ -276,7 +333,24 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         default_prompt_name=task_settings.default_prompt_name, matryoshka_dims=task_settings.matryoshka_dims,
         score_label=task_settings.score_label, warmup=request.warmup, onnx_accelerator=accelerator,
         onnx_trt_cache=request.onnx_trt_cache if accelerator == "tensorrt" else "",
+        splade_pooling=task_settings.splade.pooling if task_settings.splade else None,
+        splade_activation=task_settings.splade.activation if task_settings.splade else None,
+        flag_heads=task_settings.flag_heads, sparse_skip_ids=task_settings.sparse_skip_ids, layout=layout,
     )
+
+
+def resolve_layout(request: BuildRequest, source: ModelSource, formats: list[Format], onnx_optimize: bool) -> Layout:
+    """--layout; by default packed for a python-runtime GPU onnx step of a family the rewrite knows
+    (builder/packing.py), else padded (check_options refused the impossible combinations)."""
+    family = source.config.model_type
+    if request.layout == "packed" and family not in PACKED_FAMILIES:
+        raise BuildError(f"{request.name}: --layout packed supports the {', '.join(sorted(PACKED_FAMILIES))} model "
+                         f"families; {request.model!r} is {family!r}: build it with --layout padded")
+    if request.layout is not None:
+        return request.layout
+    packable = (request.runtime == "python" and request.device == "gpu" and "onnx" in formats and onnx_optimize
+                and request.merge_buckets is not False and family in PACKED_FAMILIES and request.task in PACKED_TASKS)
+    return "packed" if packable else "padded"
 
 
 def resolve_accelerator(request: BuildRequest) -> OnnxAccelerator:
@@ -292,6 +366,10 @@ def plan(request: BuildRequest, notices: list[str]) -> PlannedBuild:
     source = resolve_source(request.model, request.revision)
     formats = resolve_formats(request, notices.append)
     settings = resolve_settings(request, source, formats)
+    if (request.layout is None and settings.layout == "padded" and request.runtime == "python"
+            and request.device == "gpu" and source.config.model_type not in PACKED_FAMILIES):
+        notices.append(f"notice: {settings.name}: {source.config.model_type!r} models keep the padded layout (the "
+                       f"packed rewrite knows {', '.join(sorted(PACKED_FAMILIES))})")
     if settings.task == "classify" and not has_classification_head(source.config):
         notices.append(f"notice: {settings.name}: {settings.model!r} has no trained classification head; "
                        f"its {len(settings.labels or [])}-label head is randomly initialised (seed 0)")
@@ -329,19 +407,70 @@ def _write_tokenizer(planned: PlannedBuild, tok_dir: Path) -> None:
                                                                      digest), planned.settings)
 
 
-def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], output: str, device: str) -> np.ndarray:
+def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str) -> list[np.ndarray]:
     """The published model's outputs, on the GPU when it is built for one and onnxruntime-gpu is installed."""
     providers = ["CPUExecutionProvider"]
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, "CUDAExecutionProvider")
     session = ort.InferenceSession(str(path), providers=providers)
-    return np.asarray(session.run([output], inputs)[0])
+    return [np.asarray(o) for o in session.run(outputs, inputs)]
+
+
+def _pack_graph(planned: PlannedBuild, path: Path, config: PretrainedConfig, log: Log) -> None:
+    """Rewrite the optimized graph at `path` into the packed layout's (builder/packing.py): the GPU form on GPU
+    builds, the CPU form on CPU builds. A graph the rewrite does not know is a build error."""
+    s = planned.settings
+    form = "gpu" if s.device == "gpu" else "cpu"
+    with _step(log, f"{s.name}: rewriting the graph into the packed layout ({form} form)"):
+        try:
+            model = packed_model(onnx.load(str(path)), task=s.task, pooling=s.pooling,
+                                 num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size),
+                                 offset=position_offset(config.model_type, config.pad_token_id), form=form)
+        except PackingError as exc:
+            raise BuildError(f"{s.name}: the packed layout cannot be built for this graph ({exc}); build it with "
+                             "--layout padded") from None
+        save_onnx(model, path)
+
+
+def _packed_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str, work: Path
+                    ) -> tuple[list[np.ndarray], str]:
+    """The published packed graph's outputs on the parity inputs (packed on the host; per-token outputs come
+    back [tokens, ...]), and where it ran: on the GPU where built for one and onnxruntime-gpu is installed;
+    else a GPU form runs as its CPU form (the same graph but attention: builder/packing.py), which onnxruntime's
+    CPU provider can run."""
+    feed = packed_parity_inputs(inputs)
+    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        return [np.asarray(o) for o in session.run(outputs, feed)], "CUDAExecutionProvider"
+    ran_on = "CPUExecutionProvider"
+    if device == "gpu":
+        save_onnx(cpu_form(onnx.load(str(path))), work / "cpu_form.onnx")
+        path, ran_on = work / "cpu_form.onnx", "CPUExecutionProvider (the GPU form's CPU form: no CUDA here)"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in session.run(outputs, feed)], ran_on
 
 
 def _check(result: ParityResult, planned: PlannedBuild, log: Log) -> None:
     log(f"parity {planned.settings.name} {result.summary()}")
     if not result.passed:
         raise BuildError(f"{planned.settings.name}: parity failed, nothing published: {result.summary()}")
+
+
+def _fused_export(planned: PlannedBuild, staging: Path, log: Log) -> Path | None:
+    """The export with onnxruntime's MultiHeadAttention written in (builder/attention.py), for models whose
+    attention the optimizer cannot fuse (ModernBERT); None, with a notice, when that export fails."""
+    s = planned.settings
+    path = staging / f".{s.name}_export" / "fused" / "model.onnx"
+    path.parent.mkdir(parents=True)
+    try:
+        with _step(log, f"{s.name}: exporting ONNX with fused MultiHeadAttention"):
+            fused = load_repository_model(planned.source.path, s, attn_implementation=ATTENTION)
+            export_onnx(fused, s.output_names, path, s.opset)
+    except Exception as exc:  # noqa: BLE001 - the plain export still works
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log(f"notice: {s.name}: the export with fused attention failed ({reason}); using the plain export")
+        return None
+    return path
 
 
 def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[ParityResult], OnnxFacts]:
@@ -355,8 +484,11 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     inputs = parity_inputs(tokenizer, s.max_seq_len, pairs=s.pairs)
     warmup_ids = configs.warmup_token_ids(tokenizer, s.max_seq_len)
     with _step(log, f"{s.name}: computing PyTorch reference outputs"):
-        reference = torch_reference(model, inputs)
+        references = torch_references(model, inputs)
+    reference = references[0]
     width = int(reference.shape[1])
+    # per-token outputs: [batch, seq] + these dims ([] for one weight per token)
+    token_dims = {name: [int(d) for d in ref.shape[2:]] for name, ref in zip(s.token_outputs, references[1:])}
     if s.matryoshka_dims and s.matryoshka_dims[-1] != width:
         raise BuildError(f"{s.name}: the embeddings are {width} wide, not {s.matryoshka_dims[-1]} "
                          "(config.hidden_size) as the matryoshka dimensions assumed")
@@ -364,9 +496,12 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     raw_path = staging / f".{s.name}_export" / "model.onnx"  # never published; TensorRT parses this one
     raw_path.parent.mkdir(parents=True)
     with _step(log, f"{s.name}: exporting ONNX (opset {s.opset})"):
-        export_onnx(model, s.output_name, raw_path, s.opset)
+        export_onnx(model, s.output_names, raw_path, s.opset)
     config = model.model.config
     del model
+    optimizer_input = raw_path
+    if "onnx" in entries and s.onnx_optimize and config.model_type in FUSED_EXPORT_TYPES:
+        optimizer_input = _fused_export(planned, staging, log) or raw_path
     facts = OnnxFacts()
     results: list[ParityResult] = []
     if "onnx" in entries:
@@ -378,8 +513,9 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                 heads = int(getattr(config, "num_attention_heads", 0) or 0)
                 hidden = int(getattr(config, "hidden_size", 0) or 0)
                 with _step(log, f"{s.name}: optimizing the ONNX graph ({s.onnx_precision})"):
-                    facts.fused_ops = optimize_for_onnxruntime(raw_path, onnx_path, heads, hidden,
-                                                               float16=s.onnx_precision == "fp16")
+                    facts.fused_ops = optimize_for_onnxruntime(optimizer_input, onnx_path, heads, hidden,
+                                                               float16=s.onnx_precision == "fp16",
+                                                               multi_head_attention=s.layout == "packed")
                 facts.optimized = True
                 facts.precision = s.onnx_precision
                 log(f"{s.name}: onnxruntime transformer optimizer fused {facts.fused_ops} ({facts.precision})")
@@ -388,26 +524,52 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
                         "the model runs with unfused attention (onnxruntime 1.31 fuses it on BERT exports of transformers 5)")
             except Exception as exc:  # noqa: BLE001 - the optimizer raises anything; the plain export still works
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if s.layout == "packed":
+                    raise BuildError(f"{s.name}: onnxruntime's transformer optimizer failed ({reason}); the packed "
+                                     "layout needs its fused attention: build it with --layout padded") from None
                 log(f"notice: {s.name}: onnxruntime's transformer optimizer failed ({reason}); publishing the plain export")
         if not facts.optimized:
             publish_onnx(raw_path, onnx_path)
+        if s.layout == "packed":
+            _pack_graph(planned, onnx_path, config, log)
+            facts.layout = "packed"
+            facts.packed_form = "gpu" if s.device == "gpu" else "cpu"
+            counts = onnx_op_counts(onnx_path)
+            facts.fused_ops = {op: counts[op] for op in FUSED_OPS if op in counts}
+            log(f"{s.name}: packed graph ({facts.packed_form} form): {facts.fused_ops}")
         facts.ops = onnx_op_counts(onnx_path)
         artifact = "onnx_fp16" if facts.precision == "fp16" else "onnx"
         with _step(log, f"{s.name}: running {artifact} for the parity check"):
-            outputs = _onnx_outputs(onnx_path, inputs, s.output_name, s.device)
-        results.append(compare(artifact, s.task, reference, outputs, s.max_seq_len))
+            if s.layout == "packed":
+                outputs, ran_on = _packed_outputs(onnx_path, inputs, s.output_names, s.device, raw_path.parent)
+            else:
+                outputs, ran_on = _onnx_outputs(onnx_path, inputs, s.output_names, s.device), ""
+        mask = inputs[ATTENTION_MASK]
+        results.append(compare(artifact, s.task, reference, outputs[0], s.max_seq_len))
+        for name, ref, got in zip(s.token_outputs, references[1:], outputs[1:]):  # packed: [T, ...] already
+            got = got.reshape(len(got), -1) if s.layout == "packed" else real_tokens(got, mask)
+            results.append(compare(artifact, s.task, real_tokens(ref, mask), got, s.max_seq_len, output=name))
+        if s.layout == "packed":
+            results = [r.model_copy(update={"layout": "packed", "ran_on": ran_on}) for r in results]
         if not s.skip_parity:
-            _check(results[-1], planned, log)
-        configs.write_step_config(onnx_dir, configs.onnx_config(s, width, facts.precision, planned.fingerprint), s,
-                                  warmup_ids)
+            for result in results:
+                _check(result, planned, log)
+        step_config = configs.onnx_config(s, width, facts.precision, planned.fingerprint, token_dims)
+        if s.layout == "packed":
+            configs.set_vocabulary(step_config, int(config.vocab_size), int(getattr(config, "type_vocab_size", 0) or 0))
+        configs.write_step_config(onnx_dir, step_config, s, warmup_ids)
         if s.runtime == "python":
             _copy_model_py("onnx_runner", onnx_dir / "1" / "model.py")
             _copy_model_py("cancellation", onnx_dir / "1" / "cancellation.py")
             module = resources.files("contract").joinpath(BATCHING_MODULE).read_text()
             (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
+            if s.layout == "packed":  # the runner's packed path and the layout's rules (contract/packing.py)
+                _copy_model_py("packed_runner", onnx_dir / "1" / "packed_runner.py")
+                module = resources.files("contract").joinpath(PACKING_MODULE).read_text()
+                (onnx_dir / "1" / PACKING_MODULE).write_text(module)
     if "trt" in entries:
         trt_dir = staging / entries["trt"]
-        configs.write_step_config(trt_dir, configs.trt_config(s, width), s, warmup_ids)
+        configs.write_step_config(trt_dir, configs.trt_config(s, width, token_dims), s, warmup_ids)
         plan_path = trt_dir / "1" / "model.plan"
         with _step(log, f"{s.name}: building the TensorRT FP16 engine (timing cache {planned.timing_cache})"):
             tensorrt_engine.build_engine(raw_path, plan_path, tensorrt_engine.profile_shapes(s), planned.timing_cache,

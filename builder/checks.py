@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from builder.errors import BuildError, UsageError
-from builder.settings import BuildRequest
+from builder.settings import PACKED_TASKS, BuildRequest
 from contract import Task
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$|^[A-Za-z0-9][\w.\-]*$")
@@ -36,15 +36,19 @@ def check_model(model: str) -> Path | None:
 
 def check_task_options(request: BuildRequest, task: Task) -> None:
     """Options that belong to another task are errors, not silently ignored."""
-    embed_only = {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name,
-                  "--matryoshka-dims": request.matryoshka_dims}
+    embed_only = {"--matryoshka-dims": request.matryoshka_dims}
     for option, value in embed_only.items():
         if value is not None and task != "embed":
             raise UsageError(f"{request.name}: {option} is for --task embed only, not {task}")
+    for option, value in {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name}.items():
+        if value is not None and task not in ("embed", "sparse-embed"):
+            raise UsageError(f"{request.name}: {option} is for --task embed or sparse-embed only, not {task}")
+    if request.pooling is not None and task == "sparse-embed":
+        raise UsageError(f"{request.name}: --pooling is for --task embed; sparse-embed pools as its SpladePooling says")
     if request.score_label is not None and task != "rerank":
         raise UsageError(f"{request.name}: --score-label is for --task rerank only, not {task}")
-    if request.pairs and task == "embed":
-        raise UsageError(f"{request.name}: --pairs is for --task classify (rerank always takes pairs), not embed")
+    if request.pairs and task in ("embed", "sparse-embed"):
+        raise UsageError(f"{request.name}: --pairs is for --task classify (rerank always takes pairs), not {task}")
     if request.pairs is False and task == "rerank":
         raise UsageError(f"{request.name}: a rerank model always takes text pairs; drop pairs: false")
 
@@ -60,6 +64,8 @@ def check_options(request: BuildRequest) -> None:
     if request.onnx_precision == "fp16" and request.onnx_optimize is False:
         raise UsageError(f"{request.name}: --onnx-precision fp16 converts the optimized graph; it needs the "
                          "optimizer (drop --no-onnx-optimize or use --onnx-precision fp32)")
+    if request.layout == "packed":
+        check_packed_layout(request)
     accelerator = request.onnx_accelerator
     if accelerator not in (None, "none"):
         if request.device != "gpu":
@@ -70,6 +76,26 @@ def check_options(request: BuildRequest) -> None:
             raise UsageError(f"{request.name}: --onnx-accelerator {accelerator} needs --runtime native (Triton's "
                              "onnxruntime backend reads it; the python runner opens its own onnxruntime session "
                              "and takes none)")
+
+
+def check_packed_layout(request: BuildRequest) -> None:
+    """`--layout packed` needs the python runner, the optimizer's fused attention and ragged batching."""
+    if request.runtime != "python":
+        raise UsageError(f"{request.name}: --layout packed needs --runtime python: the python runner packs padded "
+                         "requests, checks cu_seqlens, fills max_seqlen and splits the rows back per request; Triton's "
+                         "onnxruntime backend would hand the graph a batch of padded requests as they are")
+    if request.onnx_optimize is False:
+        raise UsageError(f"{request.name}: --layout packed needs onnxruntime's optimizer (its fused attention becomes "
+                         "the packed attention); drop --no-onnx-optimize")
+    if request.merge_buckets is False:
+        raise UsageError(f"{request.name}: a packed step merges requests of any shape (its inputs allow ragged "
+                         "batches); drop --no-merge-buckets")
+    if request.formats is not None and "onnx" not in request.formats:
+        raise UsageError(f"{request.name}: --layout is the onnx step's (TensorRT steps stay padded); "
+                         "--formats has no onnx")
+    if request.task not in PACKED_TASKS:
+        raise UsageError(f"{request.name}: --layout packed is for --task embed, classify or rerank; a {request.task} "
+                         "model pools over its padded tokens (build it with --layout padded)")
 
 
 def check_names(requests: list[BuildRequest]) -> None:

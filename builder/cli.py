@@ -14,7 +14,7 @@ from builder.checks import check_requests
 from builder.errors import BuildError, UsageError
 from builder.settings import BuildRequest, Device, Format, Pooling, Precision, Runtime
 from builder.spec import format_validation_error, load_spec
-from contract import TASKS, OnnxAccelerator
+from contract import TASKS, Layout, OnnxAccelerator
 
 
 def _choices(literal: Any) -> list[str]:
@@ -24,7 +24,8 @@ def _choices(literal: Any) -> list[str]:
 # Options shared by the CLI and spec entries (field name -> argparse keyword arguments).
 _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "model": {"help": "hub id or local directory"},
-    "task": {"choices": list(TASKS), "help": "what the model does (rerank: a cross-encoder scoring text pairs)"},
+    "task": {"choices": list(TASKS), "help": "what the model does (rerank: a cross-encoder scoring text pairs; "
+             "sparse-embed: a SPLADE SparseEncoder or masked LM)"},
     "name": {"help": "NAME of the repository entries (NAME_onnx, NAME_onnx_ensemble, ...)"},
     "revision": {"help": "hub revision (branch, tag or commit)"},
     "formats": {"metavar": ",".join(_choices(Format)),
@@ -52,8 +53,9 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
                          "this long (default 0 = no policy; see builder/README.md before turning it on)"},
     "max_queue_size": {"type": int, "help": "dynamic batcher queue policy: requests queued per model before new "
                        "ones are rejected at once (default 0 = unbounded, no policy)"},
-    "instances": {"type": int, "help": "instance count of the model step (default 1)"},
-    "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default 1)"},
+    "instances": {"type": int, "help": "instance count of the model step (default: 4 python runtime on a GPU, "
+                  "2 native on a GPU, 1 on a CPU)"},
+    "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default: 4 on a GPU, 1 on a CPU)"},
     "onnx_threads": {"type": int, "help": "onnxruntime intra-op threads per instance (default 0 = onnxruntime's choice)"},
     "opset": {"type": int, "help": "ONNX opset (default 17)"},
     "onnx_precision": {"choices": _choices(Precision),
@@ -71,6 +73,10 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
                      "(default with --device gpu: 8..64 by 8, ..128 by 16, ..256 by 32, ..512 by 64; none on CPU)"},
     "batch_rows": {"help": "comma list of row counts the batches take, ending with max-batch-size "
                    "(default with --device gpu: powers of two; none on CPU)"},
+    "layout": {"choices": _choices(Layout),
+               "help": "the onnx step's layout: packed (its graph computes real tokens only, rows back to back with "
+                       "cu_seqlens; takes packed and padded requests) or padded (default packed with --runtime python "
+                       "--device gpu for BERT/RoBERTa/XLM-R models, else padded; --runtime python only)"},
     "trt_opt_batch_size": {"type": int, "help": "TensorRT profile opt batch (default min(8, max-batch-size))"},
     "trt_workspace_mib": {"type": int, "help": "TensorRT workspace limit (default 4096)"},
     "trt_timing_cache": {"help": "TensorRT timing cache file reused across builds"},

@@ -16,6 +16,7 @@ from builder.settings import Format, ResolvedSettings, effective_buckets
 from builder.versions import set_policy
 from contract import (
     ATTENTION_MASK,
+    CU_SEQLENS,
     INPUT_IDS,
     LABELS_FILE,
     NUM_TOKENS,
@@ -94,16 +95,21 @@ def tokenizer_config(settings: ResolvedSettings, pad_token_id: int, tokenizer_sh
     return config
 
 
-def _step_io(config: mc.ModelConfig, settings: ResolvedSettings, width: int) -> None:
+def _step_io(config: mc.ModelConfig, settings: ResolvedSettings, width: int,
+             token_dims: dict[str, list[int]] | None = None) -> None:
+    """Token inputs; the per-text output [width], then the per-token outputs [-1 (tokens), *dims]."""
     for name in TOKEN_INPUTS:
         config.input.add(name=name, data_type=mc.TYPE_INT32, dims=[-1])
     config.output.add(name=settings.output_name, data_type=mc.TYPE_FP32, dims=[width])
+    for name, dims in (token_dims or {}).items():
+        config.output.add(name=name, data_type=mc.TYPE_FP32, dims=[-1, *dims])
     if settings.batch_widths:  # the shapes batches keep to (contract/batching.py): the gateway pads to them
         config.parameters[Param.BATCH_WIDTHS].string_value = ",".join(map(str, settings.batch_widths))
         config.parameters[Param.BATCH_ROWS].string_value = ",".join(map(str, settings.batch_rows))
 
 
-def onnx_config(settings: ResolvedSettings, width: int, precision: str, build_id: str = "") -> mc.ModelConfig:
+def onnx_config(settings: ResolvedSettings, width: int, precision: str, build_id: str = "",
+                token_dims: dict[str, list[int]] | None = None) -> mc.ModelConfig:
     """The ONNX step: onnxruntime backend (native) or the python-backend onnxruntime runner.
 
     A native GPU build also gets its execution accelerator (builder/accelerators.py; `build_id`, the build
@@ -113,16 +119,18 @@ def onnx_config(settings: ResolvedSettings, width: int, precision: str, build_id
         config = mc.ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=settings.max_batch_size)
     else:
         config = mc.ModelConfig(name=name, backend="python", max_batch_size=settings.max_batch_size)
-    _step_io(config, settings, width)
+    _step_io(config, settings, width, token_dims)
     config.instance_group.add(kind=_kind(settings), count=settings.instances)
     _batching(config, settings)
     config.parameters[Param.PRECISION].string_value = precision
+    # the token budget of one call: the python runner cuts merged batches under it, the gateway's batches keep to it
+    config.parameters[Param.MAX_BATCH_TOKENS].string_value = str(settings.max_batch_tokens)
     if settings.onnx_threads:
         # onnxruntime backend parameter / read by the python-backend runner
         key = "intra_op_thread_count" if settings.runtime == "native" else Param.INTRA_OP_THREADS
         config.parameters[key].string_value = str(settings.onnx_threads)
-    if settings.runtime == "python":
-        config.parameters[Param.MAX_BATCH_TOKENS].string_value = str(settings.max_batch_tokens)
+    if settings.layout == "packed":
+        _packed_step(config, settings)
     if settings.merge_buckets:  # the runner sorts the merged rows by length and pads sub-batches itself
         for tensor in config.input:
             tensor.allow_ragged_batch = True
@@ -130,12 +138,32 @@ def onnx_config(settings: ResolvedSettings, width: int, precision: str, build_id
     return config
 
 
-def trt_config(settings: ResolvedSettings, width: int) -> mc.ModelConfig:
+def _packed_step(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
+    """A `layout: packed` step (docs/contract.md): padded requests carry attention_mask, packed ones cu_seqlens
+    ([1, rows + 1]; input_ids and token_type_ids [1, T]), so both are optional. Its batches have no padded shapes
+    to keep to (no batch_widths/batch_rows); the runner refuses rows longer than max_seq_len."""
+    for tensor in config.input:
+        if tensor.name == ATTENTION_MASK:
+            tensor.optional = True
+    config.input.add(name=CU_SEQLENS, data_type=mc.TYPE_INT32, dims=[-1], optional=True)
+    for key in (Param.BATCH_WIDTHS, Param.BATCH_ROWS):
+        if key in config.parameters:
+            del config.parameters[key]
+    _set_parameters(config, {Param.LAYOUT: "packed", Param.MAX_SEQ_LEN: str(settings.max_seq_len)})
+
+
+def set_vocabulary(config: mc.ModelConfig, vocab_size: int, type_vocab_size: int) -> None:
+    """A packed step's `vocab_size` and `type_vocab_size`: the runner refuses ids outside the embedding tables."""
+    _set_parameters(config, {Param.VOCAB_SIZE: str(vocab_size), Param.TYPE_VOCAB_SIZE: str(type_vocab_size)})
+
+
+def trt_config(settings: ResolvedSettings, width: int, token_dims: dict[str, list[int]] | None = None) -> mc.ModelConfig:
     """The TensorRT FP16 step; its engine has one optimization profile (index 0)."""
     name = step_model(settings.name, "trt_fp16")
     config = mc.ModelConfig(name=name, platform="tensorrt_plan", max_batch_size=settings.max_batch_size)
-    _step_io(config, settings, width)
+    _step_io(config, settings, width, token_dims)
     config.parameters[Param.PRECISION].string_value = "fp16"
+    config.parameters[Param.MAX_BATCH_TOKENS].string_value = str(settings.max_batch_tokens)
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=settings.instances, profile=["0"])
     _batching(config, settings)
     return config
@@ -182,8 +210,16 @@ def ensemble_parameters(settings: ResolvedSettings, fmt: Format, width: int) -> 
         params[Param.PAIRS] = "true"
     if fmt == "onnx":
         params[Param.ONNX_ACCELERATOR] = settings.onnx_accelerator
+    if settings.task == "sparse-embed":  # one weight per vocabulary entry
+        params[Param.EMBEDDING_DIM] = str(width)
+        params[Param.PROMPTS] = orjson.dumps(settings.prompts).decode()
+        if settings.default_prompt_name:
+            params[Param.DEFAULT_PROMPT] = settings.default_prompt_name
+        return params
     if settings.task == "embed":
         params[Param.EMBEDDING_DIM] = str(width)
+        if settings.sparse_skip_ids:
+            params[Param.SPARSE_SKIP_IDS] = ",".join(map(str, settings.sparse_skip_ids))
         params[Param.POOLING] = settings.pooling or "mean"
         params[Param.NORMALIZE] = _flag(settings.normalize is not False)
         params[Param.PROMPTS] = orjson.dumps(settings.prompts).decode()
@@ -231,12 +267,19 @@ def _int32_file(values: Sequence[int]) -> bytes:
     return np.asarray(values, dtype="<i4").tobytes()
 
 
+def warmup_max_length_rows(settings: ResolvedSettings) -> int:
+    """Rows of max_seq_len tokens in the `max_length` warm-up sample: as many as one call's token budget holds
+    (at least 1, at most max_batch_size). The batches the model step is ever given are bounded by that budget
+    (docs/contract.md), so a larger sample would only cost load time: 64 x 8,192 tokens took minutes and GBs."""
+    return max(1, min(settings.max_batch_size, settings.max_batch_tokens // settings.max_seq_len))
+
+
 def add_step_warmup(config: mc.ModelConfig, settings: ResolvedSettings, short_ids: Sequence[int],
                     long_ids: Sequence[int]) -> dict[str, bytes]:
-    """Model step (onnx / trt): `short` (1 row of the short sample) and `max_length` (max_batch_size rows of
-    max_seq_len tokens, every token attended). Returns the files to write under `warmup/`."""
+    """Model step (onnx / trt): `short` (1 row of the short sample) and `max_length` (rows of max_seq_len tokens,
+    every token attended, as many as the token budget holds). Returns the files to write under `warmup/`."""
     files: dict[str, bytes] = {}
-    for sample, rows, ids in (("short", 1, short_ids), ("max_length", settings.max_batch_size, long_ids)):
+    for sample, rows, ids in (("short", 1, short_ids), ("max_length", warmup_max_length_rows(settings), long_ids)):
         warmup = config.model_warmup.add(name=sample, batch_size=rows, count=1)
         dims = [len(ids)]
         for name in (INPUT_IDS, ATTENTION_MASK):

@@ -28,6 +28,8 @@ class OnnxFacts(BaseModel):
     precision: str = "fp32"
     fused_ops: dict[str, int] = {}
     ops: dict[str, int] = {}
+    layout: str = "padded"  # packed: builder/packing.py rewrote the optimized graph
+    packed_form: str = ""  # packed: "gpu" (PackedMultiHeadAttention) or "cpu" (MultiHeadAttention per row)
 
 
 class Manifest(BaseModel):

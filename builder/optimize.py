@@ -14,8 +14,9 @@ def onnx_op_counts(path: Path) -> dict[str, int]:
     return dict(Counter(node.op_type for node in model.graph.node).most_common())
 
 
-FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization",
-             "BiasGelu", "FastGelu", "Gelu", "LayerNormalization", "SkipSimplifiedLayerNormalization")
+FUSED_OPS = ("Attention", "MultiHeadAttention", "PackedAttention", "PackedMultiHeadAttention",
+             "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "LayerNormalization",
+             "SkipSimplifiedLayerNormalization")
 
 
 # protobuf cannot hold more than 2 GiB: larger models keep their weights in `model.onnx.data`.
@@ -25,6 +26,13 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 def exported_size(path: Path) -> int:
     """Bytes of an exported model, counting external-data files written beside it."""
     return sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file())
+
+
+def save_onnx(model: onnx.ModelProto, target: Path) -> None:
+    """Write `model` as `target`: one file, or `target` + `target.name`.data above the protobuf limit."""
+    large = model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(model, str(target), save_as_external_data=large, all_tensors_to_one_file=True,
+                    location=f"{target.name}.data")
 
 
 def publish_onnx(source: Path, target: Path) -> None:
@@ -76,18 +84,23 @@ def repair_float16_graph(model: onnx.ModelProto) -> None:
 
 
 def optimize_for_onnxruntime(source: Path, target: Path, num_heads: int, hidden_size: int, *,
-                             float16: bool = False) -> dict[str, int]:
+                             float16: bool = False, multi_head_attention: bool = False) -> dict[str, int]:
     """Run onnxruntime's transformer optimizer (BERT fusions) from `source` into `target`.
 
     With `float16` the fused graph is converted to float16 (inputs and outputs keep their types,
-    pooling stays float32), the form onnxruntime's CUDA provider runs fastest. Returns the
-    fused-operator counts of the result.
+    pooling stays float32), the form onnxruntime's CUDA provider runs fastest. With
+    `multi_head_attention` attention fuses into MultiHeadAttention (separate Q/K/V projections, what
+    the packed layout's PackedMultiHeadAttention takes: builder/packing.py) instead of Attention.
+    Returns the fused-operator counts of the result.
     """
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
+    options = FusionOptions("bert")
+    options.use_multi_head_attention = multi_head_attention
     optimized = optimize_model(str(source), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
-                               opt_level=0, use_gpu=float16)
+                               opt_level=0, use_gpu=float16, optimization_options=options)
     if float16:
         optimized.convert_float_to_float16(keep_io_types=True,
                                            op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP32_POOLING_OPS])

@@ -10,7 +10,8 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerFast
 
 from builder.export import RepositoryModel
-from contract import TOKEN_INPUTS
+from contract import ATTENTION_MASK, INPUT_IDS, TOKEN_INPUTS, TOKEN_TYPE_IDS
+from contract.packing import pack_padded
 
 # Short, long, truncated (longer than any max_seq_len), empty, non-ASCII.
 SENTENCES: tuple[str, ...] = (
@@ -35,6 +36,7 @@ class ParityResult(BaseModel):
     """Numbers of one artifact against PyTorch fp32, and whether they pass the thresholds."""
 
     artifact: str
+    output: str = ""  # which output of the artifact ("" = its first: logits, embeddings, sparse_embeddings)
     sentences: int
     max_seq_len: int
     max_abs_diff: float
@@ -42,10 +44,13 @@ class ParityResult(BaseModel):
     argmax_agree: bool | None  # logits (classify, rerank) only
     passed: bool
     thresholds: dict[str, float | str]
+    layout: str = "padded"  # packed: the sentences were fed packed (rows back to back, cu_seqlens)
+    ran_on: str = ""  # the onnxruntime provider of a packed artifact's run (a GPU form runs as its CPU form on CPU)
 
     def summary(self) -> str:
         agree = "" if self.argmax_agree is None else f", argmax agree={self.argmax_agree}"
-        return (f"{self.artifact}: max_abs_diff={self.max_abs_diff:.3g}, min_cosine={self.min_cosine:.8f}{agree} "
+        what = f"{self.artifact}[{self.output}]" if self.output else self.artifact
+        return (f"{what}: max_abs_diff={self.max_abs_diff:.3g}, min_cosine={self.min_cosine:.8f}{agree} "
                 f"over {self.sentences} sentences (thresholds {self.thresholds})")
 
 
@@ -65,11 +70,27 @@ def parity_inputs(tokenizer: PreTrainedTokenizerFast, max_seq_len: int, pairs: b
     return {name: np.asarray(batch[name], dtype=np.int32) for name in TOKEN_INPUTS}
 
 
-def torch_reference(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """PyTorch fp32 outputs for `inputs`."""
+def packed_parity_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The padded parity inputs in the packed layout (contract/packing.py): the packed graph's feed."""
+    return pack_padded(inputs[INPUT_IDS], inputs[ATTENTION_MASK], inputs[TOKEN_TYPE_IDS]).feed()
+
+
+def torch_references(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """PyTorch fp32 outputs for `inputs`, one array per model output (settings.output_names order)."""
     with torch.inference_mode():
         out = model(*(torch.from_numpy(inputs[name]) for name in TOKEN_INPUTS))
-    return out.float().numpy()
+    return [o.float().numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def torch_reference(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """PyTorch fp32 output for `inputs` (the first output: logits, embeddings or the sparse row)."""
+    return torch_references(model, inputs)[0]
+
+
+def real_tokens(per_token: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """The rows of a per-token output [batch, seq, ...] that belong to real tokens, as [tokens, dim]."""
+    rows = per_token[attention_mask.astype(bool)]
+    return rows.reshape(len(rows), -1)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -77,17 +98,21 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     if a64.shape[1] == 1:
         a64, b64 = a64.T, b64.T
-    norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
-    return (a64 * b64).sum(axis=1) / np.maximum(norms, 1e-30)
+    norm_a, norm_b = np.linalg.norm(a64, axis=1), np.linalg.norm(b64, axis=1)
+    cosines = (a64 * b64).sum(axis=1) / np.maximum(norm_a * norm_b, 1e-30)
+    # two all-zero rows agree (a SPLADE row or ReLU weights can be all zero); one zero row does not
+    return np.where((norm_a < 1e-12) & (norm_b < 1e-12), 1.0, cosines)
 
 
-def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarray, max_seq_len: int) -> ParityResult:
-    """Compare one artifact's outputs with the reference; thresholds depend on the artifact (onnx / trt_fp16)."""
+def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarray, max_seq_len: int,
+            output: str = "") -> ParityResult:
+    """Compare one artifact's outputs with the reference; thresholds depend on the artifact (onnx / trt_fp16).
+    Per-token outputs are compared as rows of their real tokens (`real_tokens`), like embeddings."""
     if candidate.shape != reference.shape or not np.isfinite(candidate).all():
-        return ParityResult(artifact=artifact, sentences=len(reference), max_seq_len=max_seq_len,
-                            max_abs_diff=float("inf"), min_cosine=-1.0, argmax_agree=False if task != "embed" else None,
+        return ParityResult(artifact=artifact, output=output, sentences=len(reference), max_seq_len=max_seq_len,
+                            max_abs_diff=float("inf"), min_cosine=-1.0, argmax_agree=False if task in ("classify", "rerank") else None,
                             passed=False, thresholds={"shape": str(reference.shape)})
-    logits = task != "embed"
+    logits = task in ("classify", "rerank")
     diff = float(np.abs(candidate.astype(np.float64) - reference).max())
     cosine = float(_cosines(reference, candidate).min())
     agree = bool((reference.argmax(1) == candidate.argmax(1)).all()) if logits else None
@@ -101,5 +126,6 @@ def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarr
         if logits:
             thresholds["argmax"] = "equal"
         passed = cosine >= TRT_MIN_COSINE and (agree is not False)
-    return ParityResult(artifact=artifact, sentences=len(reference), max_seq_len=max_seq_len, max_abs_diff=diff,
+    return ParityResult(artifact=artifact, output=output, sentences=len(reference), max_seq_len=max_seq_len,
+                        max_abs_diff=diff,
                         min_cosine=cosine, argmax_agree=agree, passed=passed, thresholds=thresholds)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from contract import OnnxAccelerator, Task, output_name
+from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, Layout, OnnxAccelerator, Task, output_name
 
 Format = Literal["onnx", "trt"]
 Device = Literal["gpu", "cpu"]
@@ -15,6 +15,11 @@ Pooling = Literal["mean", "cls", "lasttoken"]
 Precision = Literal["fp32", "fp16"]
 
 DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
+# Tasks the packed layout serves (builder/packing.py): pooling (and per-token outputs) or a classifier head on
+# each row's first token. A SPLADE row (sparse-embed: a max over each row's MLM logits) has no packed form.
+PACKED_TASKS: tuple[Task, ...] = ("embed", "classify", "rerank")
+DEFAULT_MAX_BATCH_TOKENS = 16384
+DEFAULT_SPARSE_MAX_BATCH_TOKENS = 4096  # a SPLADE call holds tokens x vocabulary logits (x 4 bytes)
 # Queue policy of every dynamic batcher (docs/contract.md): no request waits longer than this in a
 # model's queue (a caller's own timeout can only shorten it); a queue holds this many full batches.
 # No queue policy by default: Triton 2.51's dynamic batcher with any `default_queue_policy` stalls
@@ -47,7 +52,7 @@ class BuildRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = Field(min_length=1, description="hub id or local directory")
-    task: Task = Field(description="classify, embed or rerank")
+    task: Task = Field(description="classify, embed, rerank or sparse-embed")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", description="NAME of the repository entries")
     revision: str | None = None
     formats: Annotated[list[Format] | None, CommaList] = None
@@ -83,8 +88,13 @@ class BuildRequest(BaseModel):
         description="dynamic batcher queue policy: requests a model holds queued before it rejects new ones "
         "at once; 0 = unbounded. Off by default (Triton bug)",
     )
-    instances: int = Field(default=1, gt=0, description="instances of the model step (onnx / trt)")
-    tokenizer_instances: int = Field(default=1, gt=0)
+    instances: int | None = Field(
+        default=None, gt=0, description="instances of the model step (onnx / trt); default: 4 for the python "
+        "runtime on a GPU (each call's fixed cost overlaps with the others', loadtest/results/h100-7-tuning), "
+        "2 for the native runtime on a GPU, 1 on a CPU")
+    tokenizer_instances: int | None = Field(
+        default=None, gt=0, description="instances of the tokenizer (the ensembles'); default: 4 on a GPU "
+        "build, 1 on a CPU")
     onnx_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per instance (0: its default)")
     opset: int = Field(default=17, ge=14)
     onnx_optimize: bool | None = Field(
@@ -110,10 +120,11 @@ class BuildRequest(BaseModel):
         description="--onnx-accelerator tensorrt: absolute directory, in the Triton container, of the TensorRT "
         "provider's engine cache (a writable volume)",
     )
-    max_batch_tokens: int = Field(
-        default=16384, gt=0,
-        description="python runtime: token budget of one onnxruntime call; rows of a merged batch are sorted by "
-        "length and cut into sub-batches under it, each padded to its own longest row",
+    max_batch_tokens: int | None = Field(
+        default=None, gt=0,
+        description="token budget of one model call (default 16384; sparse-embed 4096: its MLM head holds "
+        "tokens x vocabulary logits). The python runner cuts merged batches under it; the gateway keeps its "
+        "batches under it; the max-length warm-up sample takes max(1, budget // max-seq-len) rows",
     )
     batch_widths: Annotated[list[int] | None, CommaList] = Field(
         default=None,
@@ -131,6 +142,13 @@ class BuildRequest(BaseModel):
         description="python runtime: let the dynamic batcher merge requests of different widths (ragged "
         "batching); the runner sorts the merged rows by length and pads each sub-batch to its own longest. "
         "Default: on for --runtime python --device gpu",
+    )
+    layout: Layout | None = Field(
+        default=None,
+        description="the onnx model step's layout (docs/contract.md): packed = its graph computes real tokens only "
+        "(rows back to back, cu_seqlens) and it takes packed requests as well as padded ones; padded = rows padded "
+        "to a width. Default: packed with --runtime python --device gpu for BERT/RoBERTa/XLM-R models, else padded. "
+        "--runtime python only; TensorRT steps stay padded",
     )
     trt_opt_batch_size: int | None = Field(default=None, gt=0)
     trt_workspace_mib: int = Field(default=4096, gt=0)
@@ -190,15 +208,44 @@ class ResolvedSettings(BaseModel):
     warmup: bool = True  # model_warmup samples in the tokenizer's and model steps' configs
     onnx_accelerator: OnnxAccelerator = "none"  # onnx step, native runtime: builder/accelerators.py
     onnx_trt_cache: str = ""  # engine cache directory of onnx_accelerator tensorrt ("" otherwise)
+    # sparse-embed: the SpladePooling config (builder/source.py SpladeConfig)
+    splade_pooling: str | None = None
+    splade_activation: str | None = None
+    # embed: FlagEmbedding bge-m3 heads exported next to the encoder ("sparse", "colbert"), and the token ids
+    # whose lexical weight FlagEmbedding drops (cls, eos, pad, unk)
+    flag_heads: list[str] = Field(default_factory=list)
+    sparse_skip_ids: list[int] = Field(default_factory=list)
+    layout: Layout = "padded"  # the onnx step's layout (builder/packing.py); TensorRT steps are always padded
 
     @property
     def output_name(self) -> str:
         return output_name(self.task)
 
+    @property
+    def token_outputs(self) -> list[str]:
+        """Per-token outputs of the model step (docs/contract.md): every embedder's last hidden state, and
+        bge-m3's lexical weights and ColBERT vectors where the model ships those heads."""
+        if self.task != "embed":
+            return []
+        heads = {"sparse": TOKEN_WEIGHTS, "colbert": COLBERT_VECTORS}
+        return [TOKEN_EMBEDDINGS, *(heads[h] for h in self.flag_heads)]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Every output of the model step: the pooled (or per-text) one first, then the per-token ones."""
+        return [self.output_name, *self.token_outputs]
+
 
 def effective_buckets(buckets: list[int], max_seq_len: int) -> list[int]:
     """The bucket list capped at max_seq_len, always ending with max_seq_len."""
     return sorted({min(b, max_seq_len) for b in buckets if b > 0} | {max_seq_len})
+
+
+def default_instances(device: str, runtime: str) -> tuple[int, int]:
+    """(model-step instances, tokenizer instances) of a build that names none."""
+    if device != "gpu":
+        return 1, 1
+    return (4 if runtime == "python" else 2), 4
 
 
 def default_preferred_batch_sizes(max_batch_size: int) -> list[int]:

@@ -29,7 +29,8 @@ ENCODER_TYPES = frozenset(
 )
 # Families whose position ids start after padding_idx (max_position_embeddings - padding_idx - 1 usable).
 OFFSET_POSITION_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "data2vec-text", "xmod", "luke"})
-HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.spm", "sentencepiece*", "*Pooling/*"]
+HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.spm", "sentencepiece*", "*Pooling/*", "sparse_linear.pt",
+                "colbert_linear.pt"]
 WEIGHT_PATTERNS = {"safetensors": ["*.safetensors"], "bin": ["pytorch_model*.bin"]}
 
 
@@ -152,9 +153,35 @@ _POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken",
 }
 SUPPORTED_POOLING = ("mean", "cls", "lasttoken")
-# Modules an embedding model may have: the encoder, its pooling and normalisation (all inside our graph or
-# published as parameters). Anything else (Dense, LayerNorm, ...) changes the embeddings.
-_KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
+# sentence-transformers modules the export runs, by class name (the last part of modules.json's `type`, in a
+# `sentence_transformers.` package: ST 5 `sentence_transformers.models.X` / `sentence_transformers.sparse_encoder.
+# models.X`, ST 6 `sentence_transformers.base.modules...X` / `...sparse_encoder.modules...X`). Anything else
+# (Dense, LayerNorm, Router, SparseAutoEncoder, a PyLate module, ...) changes the output: the build is refused,
+# naming it, never approximated.
+_ENCODER_MODULES = ("Transformer", "MLMTransformer")
+_DENSE_MODULES = ("Pooling", "Normalize")
+_SPARSE_MODULES = ("SpladePooling",)
+SPLADE_POOLING = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
+# FlagEmbedding's bge-m3 heads, saved next to the encoder's weights (FlagEmbedding BGEM3 runner)
+SPARSE_HEAD_FILE = "sparse_linear.pt"
+COLBERT_HEAD_FILE = "colbert_linear.pt"
+
+
+def module_class(module_type: str) -> str | None:
+    """The class name of a modules.json `type` the builder knows, or None (another package or class)."""
+    if not module_type.startswith("sentence_transformers."):
+        return None
+    name = module_type.rsplit(".", 1)[-1]
+    return name if name in (*_ENCODER_MODULES, *_DENSE_MODULES, *_SPARSE_MODULES) else None
+
+
+@dataclass(frozen=True)
+class SpladeConfig:
+    """A SpladePooling module's config: log(1 + act(logits)) pooled over the real tokens."""
+
+    pooling: str = "max"  # max or sum over the tokens
+    activation: str = "relu"  # relu: log1p(relu(x)); log1p_relu: log1p(log1p(relu(x)))
 
 
 @dataclass(frozen=True)
@@ -167,14 +194,47 @@ class SentenceTransformersConfig:
     max_seq_length: int | None = None  # sentence_bert_config.json
     prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json
     default_prompt_name: str | None = None
+    model_type: str | None = None  # config_sentence_transformers.json: SentenceTransformer, SparseEncoder, ...
+    transformer_task: str | None = None  # sentence_bert_config.json (ST 6): feature-extraction, fill-mask, ...
+    splade: SpladeConfig | None = None  # the SpladePooling module's config, when there is one
+    splade_problem: str | None = None  # why the SpladePooling config cannot be honoured
 
     @property
     def normalize(self) -> bool | None:
         """Whether a Normalize module ends the pipeline; None without modules.json."""
-        return None if self.modules is None else any(m.endswith("Normalize") for m in self.modules)
+        return None if self.modules is None else any(module_class(m) == "Normalize" for m in self.modules)
+
+    @property
+    def is_sparse_encoder(self) -> bool:
+        """A SparseEncoder folder (MLM head + SpladePooling), in the ST 5 or the ST 6 layout."""
+        classes = {module_class(m) for m in self.modules or ()}
+        return (self.model_type == "SparseEncoder" or "MLMTransformer" in classes or "SpladePooling" in classes
+                or self.transformer_task == "fill-mask")
+
+    @property
+    def is_multi_vector(self) -> bool:
+        """A ColBERT-style folder: sentence-transformers' MultiVectorEncoder, or a PyLate save."""
+        return self.model_type == "MultiVectorEncoder" or any(
+            m.startswith("pylate.") or m.endswith("MultiVectorMask") for m in self.modules or ())
 
     def unsupported_modules(self) -> list[str]:
-        return [m for m in self.modules or () if not m.endswith(_KNOWN_MODULES)]
+        """Modules the export of this layout cannot run (their modules.json types)."""
+        allowed = (*_ENCODER_MODULES, *_SPARSE_MODULES) if self.is_sparse_encoder else ("Transformer", *_DENSE_MODULES)
+        return [m for m in self.modules or () if module_class(m) not in allowed]
+
+
+@dataclass(frozen=True)
+class FlagHeads:
+    """FlagEmbedding bge-m3 heads found next to the weights (paths; None when absent)."""
+
+    sparse: Path | None = None
+    colbert: Path | None = None
+
+
+def flag_heads(path: Path) -> FlagHeads:
+    """bge-m3's `sparse_linear.pt` / `colbert_linear.pt`, when the model folder ships them."""
+    sparse, colbert = path / SPARSE_HEAD_FILE, path / COLBERT_HEAD_FILE
+    return FlagHeads(sparse if sparse.is_file() else None, colbert if colbert.is_file() else None)
 
 
 def _read_json(path: Path) -> Any:
@@ -209,8 +269,11 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig:
         raise BuildError(f"cannot read {path / 'modules.json'}: not a list of modules")
     module_types = None if modules is None else tuple(str(m.get("type", "")) for m in modules if isinstance(m, dict))
     candidates = [path / str(m.get("path", "")) / "config.json" for m in modules or []
-                  if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling")]
-    candidates += sorted(path.glob("*Pooling/config.json"))
+                  if isinstance(m, dict) and module_class(str(m.get("type", ""))) == "Pooling"]
+    candidates += [p for p in sorted(path.glob("*Pooling/config.json")) if "Splade" not in p.parent.name]
+    splade_dirs = [path / str(m.get("path", "")) for m in modules or []
+                   if isinstance(m, dict) and module_class(str(m.get("type", ""))) == "SpladePooling"]
+    splade, splade_problem = _splade(splade_dirs[0] / "config.json") if splade_dirs else (None, None)
     pooling: str | None = None
     problem: str | None = None
     for candidate in candidates:
@@ -219,7 +282,9 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig:
             pooling, problem = _pooling(data)
             break
     bert_config = _read_json(path / "sentence_bert_config.json")
-    max_seq_length = bert_config.get("max_seq_length") if isinstance(bert_config, dict) else None
+    bert_config = bert_config if isinstance(bert_config, dict) else {}
+    max_seq_length = bert_config.get("max_seq_length")
+    transformer_task = bert_config.get("transformer_task")
     st_config = _read_json(path / "config_sentence_transformers.json")
     st_config = st_config if isinstance(st_config, dict) else {}
     prompts, default = st_config.get("prompts"), st_config.get("default_prompt_name")
@@ -228,7 +293,25 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig:
         max_seq_length=int(max_seq_length) if isinstance(max_seq_length, int) and max_seq_length > 0 else None,
         prompts={str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {},
         default_prompt_name=str(default) if default else None,
+        model_type=str(st_config["model_type"]) if st_config.get("model_type") else None,
+        transformer_task=str(transformer_task) if transformer_task else None,
+        splade=splade, splade_problem=splade_problem,
     )
+
+
+def _splade(config_path: Path) -> tuple[SpladeConfig | None, str | None]:
+    """A SpladePooling config.json (absent: SPLADE's defaults, max and relu), or why it cannot be honoured."""
+    data = _read_json(config_path) or {}
+    if not isinstance(data, dict):
+        return None, f"{config_path} is not a JSON object"
+    pooling = str(data.get("pooling_strategy", "max"))
+    activation = str(data.get("activation_function", "relu"))
+    if pooling not in SPLADE_POOLING:
+        return None, f"SpladePooling pooling_strategy {pooling!r} (the export does {', '.join(SPLADE_POOLING)})"
+    if activation not in SPLADE_ACTIVATIONS:
+        return None, (f"SpladePooling activation_function {activation!r} (the export does "
+                      f"{', '.join(SPLADE_ACTIVATIONS)})")
+    return SpladeConfig(pooling, activation), None
 
 
 def config_matryoshka_dims(config: PretrainedConfig) -> list[int] | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Task = Literal["classify", "embed", "rerank"]
+# sparse-embed: a SPLADE model (sentence-transformers SparseEncoder): one vocabulary-wide weight row per text.
+Task = Literal["classify", "embed", "rerank", "sparse-embed"]
 TASKS: tuple[Task, ...] = get_args(Task)
 # Which end of a text too long for max_seq_len is cut off (Hugging Face's `truncation_side`).
 TruncationDirection = Literal["right", "left"]
@@ -46,7 +47,14 @@ CU_SEQLENS = "cu_seqlens"
 MAX_SEQLEN = "max_seqlen"  # input [1] int32 of a packed graph: at least the longest row (the runner fills it)
 Layout = Literal["padded", "packed"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
-OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings", "rerank": "logits"}
+OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings", "rerank": "logits",
+                            "sparse-embed": "sparse_embeddings"}
+# Per-token outputs of a model step, next to the pooled one (scheduler pipeline only; docs/contract.md):
+# FP32 [rows, tokens, dim] or, for TOKEN_WEIGHTS, [rows, tokens]; row i's first len_i tokens are its own.
+TOKEN_EMBEDDINGS = "token_embeddings"  # embed: the encoder's last hidden state, every token (TEI's /embed_all)
+TOKEN_WEIGHTS = "token_weights"  # embed, bge-m3 heads: relu(sparse_linear(hidden)) per token (lexical weights)
+COLBERT_VECTORS = "colbert_vectors"  # embed, bge-m3 heads: normalize(colbert_linear(hidden)) per token
+PER_TOKEN_OUTPUTS: tuple[str, ...] = (TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, COLBERT_VECTORS)
 # Request parameter of an ensemble call that the tokenizer reads (Triton forwards an ensemble's
 # request parameters to its steps): `right` (default) or `left`.
 TRUNCATION_PARAMETER = "truncation_direction"
@@ -55,6 +63,7 @@ TRUNCATION_PARAMETER = "truncation_direction"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZATION_MODULE = "tokenization.py"  # contract/tokenization.py, copied next to the tokenizer's model.py
 BATCHING_MODULE = "batching.py"  # contract/batching.py, copied next to the python runner's model.py
+PACKING_MODULE = "packing.py"  # contract/packing.py, copied next to the python runner's model.py
 LABELS_FILE = "labels.txt"
 
 
@@ -77,6 +86,8 @@ class Param:
     MATRYOSHKA_DIMS = "matryoshka_dims"  # embed: comma list of the dimensions a request may truncate to
     SCORE_LABEL = "score_label"  # rerank: index of the logit that scores relevance
     ONNX_ACCELERATOR = "onnx_accelerator"  # onnx ensembles: an OnnxAccelerator (absent = "none")
+    # embed with bge-m3 heads: token ids whose lexical weight is dropped (FlagEmbedding: cls, eos, pad, unk)
+    SPARSE_SKIP_IDS = "sparse_skip_ids"
     # tokenizer model
     LENGTH_BUCKETS = "length_buckets"
     PAD_TOKEN_ID = "pad_token_id"
@@ -88,6 +99,9 @@ class Param:
     BATCH_ROWS = "batch_rows"  # the row counts batches take, comma list
     INTRA_OP_THREADS = "intra_op_num_threads"
     LAYOUT = "layout"  # a Layout: "packed" = the step also takes packed requests (absent = "padded")
+    # layout packed: the ids the embedding tables hold; the runner refuses a request with others
+    VOCAB_SIZE = "vocab_size"
+    TYPE_VOCAB_SIZE = "type_vocab_size"
 
 
 def output_name(task: Task) -> str:

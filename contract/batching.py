@@ -26,6 +26,10 @@ from dataclasses import dataclass
 PAD_RATIO_LIMIT = 1.25
 ROW_PAD_LIMIT = 0.25  # dummy rows allowed to reach a declared row count, as a share of the real ones
 GPU_WIDTHS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+# Long-context models (8,192 positions): the same <= 25% padding step above 512, so that a 600-token text is not
+# padded to max_seq_len. Shapes wider than the token budget allows only run with one row (Shapes.warm_shapes).
+LONG_WIDTHS = (640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192,
+               10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768)
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -35,7 +39,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def default_widths(max_width: int) -> tuple[int, ...]:
     """The GPU width set, capped at and ending with `max_width` (~9% padding on a realistic length mix)."""
-    return tuple(sorted({w for w in GPU_WIDTHS if w < max_width} | {max_width}))
+    return tuple(sorted({w for w in (*GPU_WIDTHS, *LONG_WIDTHS) if w < max_width} | {max_width}))
 
 
 def default_rows(max_rows: int) -> tuple[int, ...]:

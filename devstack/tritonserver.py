@@ -105,6 +105,7 @@ def server_environment(home: Path, stub_python: Path | None = None) -> dict[str,
         p for p in (_libdir(python), env.get("LD_LIBRARY_PATH", "")) if p
     )
     env["PATH"] = os.pathsep.join((str(python.parent), env.get("PATH", "")))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the python models' imports write nothing into the model repository
     return env
 
 

@@ -23,7 +23,7 @@ def prepare_metrics_dir(settings: GatewaySettings) -> Path | None:
 
     Returns the temporary directory made for it (none when GATEWAY_METRICS_DIR names one), which
     `main` removes once uvicorn has stopped its workers."""
-    if settings.workers <= 1 or os.environ.get(MULTIPROC_ENV):
+    if settings.worker_count <= 1 or os.environ.get(MULTIPROC_ENV):
         return None
     made = None if settings.metrics_dir else Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
     path = made or Path(settings.metrics_dir)
@@ -59,7 +59,7 @@ def main() -> None:
             factory=True,
             host=settings.host,
             port=settings.port,
-            workers=settings.workers,
+            workers=settings.worker_count,
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=10,

@@ -26,6 +26,7 @@ class ErrorKind(StrEnum):
     UPSTREAM = "upstream_error"  # Triton answered something the contract does not allow
     TIMEOUT = "timeout"
     NOT_IMPLEMENTED = "not_implemented"  # the deployment cannot do this (e.g. no tokenizer readable here)
+    UNSUPPORTED_OUTPUT = "unsupported_output"  # the model has no such output (e.g. /embed_sparse on a dense model)
     INTERNAL = "internal_error"
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -44,6 +46,11 @@ class GatewaySettings(BaseSettings):
     )
     max_batch_requests: int = Field(
         256, ge=1, description="Most texts in one batch (also capped by the model step's max_batch_size)."
+    )
+    token_output_max_tokens: int = Field(
+        8192, ge=1, description="Token budget of one batch whose per-token outputs come back (/embed_all, "
+        "/embed_sparse of bge-m3-style models; at least max_seq_len): the shm regions of such an output hold "
+        "about 1.25 x this + max_seq_len tokens x floats per token x 4 bytes.",
     )
     max_batches_in_flight: int = Field(
         2, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind them."
@@ -94,7 +101,11 @@ class GatewaySettings(BaseSettings):
     request_id_header: str = Field("X-Request-ID", description="Request id header, echoed back.")
     host: str = Field("0.0.0.0", description="Listen address.")
     port: int = Field(8080, ge=1, le=65535, description="Listen port.")
-    workers: int = Field(1, ge=1, description="Uvicorn worker processes.")
+    workers: int | Literal["auto"] = Field(
+        "auto", description="Worker processes: a number, or `auto` (1 to 8): the CPUs of the gateway's own "
+        "CPU quota (a container limit), else a quarter of the host's CPUs (the rest is left to Triton's python "
+        "stubs and tokenizers). Each worker batches its own requests; Triton merges the batches of all workers.",
+    )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
     )
@@ -104,12 +115,44 @@ class GatewaySettings(BaseSettings):
         "", description="PROMETHEUS_MULTIPROC_DIR for several workers; empty = a fresh temp dir."
     )
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and value < 1:
+            raise ValueError("workers must be at least 1 (or auto)")
+        return value
+
+    @property
+    def worker_count(self) -> int:
+        """`workers`, with `auto` resolved for this host."""
+        return self.workers if isinstance(self.workers, int) else auto_workers()
+
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
         return value
+
+
+def cpu_quota() -> int | None:
+    """CPUs of this process's cgroup v2 quota (a container's `cpus` limit), or None without one."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else max(1, int(int(quota) / int(period)))
+
+
+def auto_workers() -> int:
+    """GATEWAY_WORKERS=auto, 1 to 8: the CPUs of this process's own quota (a gateway container with a CPU
+    limit has them to itself); without one, a quarter of the CPUs it may run on (the rest is left to
+    Triton's python stubs and tokenizers on the same host: 4 on a 16-core GPU host)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(8, min(quota, cpus) if quota is not None else cpus // 4))
 
 
 @lru_cache(maxsize=1)

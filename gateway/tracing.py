@@ -142,6 +142,15 @@ def fastapi_telemetry(provider: trace.TracerProvider | None) -> TelemetryConfig:
     }
 
 
+def route_selected(method: str, route: str) -> None:
+    """Name the current server span by its route template, as FastAPI's routing does (api/hot.py serves
+    its routes without that routing)."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.update_name(f"{method} {route}")
+        span.set_attribute("http.route", route)
+
+
 def _untraced(scope: MutableMapping[str, Any]) -> bool:
     return scope.get("path") in UNTRACED_PATHS
 

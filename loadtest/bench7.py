@@ -97,10 +97,14 @@ def token_lengths(model_dir: Path, texts: list[str]) -> list[int]:
 
 
 def build(model_dir: Path, repo: Path, args: argparse.Namespace) -> Path:
+    """The builder with its defaults (what compose ships), but for what the benchmark host can run: the
+    python runtime and ONNX only. --max-batch-size, --instances, --tokenizer-instances override."""
+    overrides = [(flag, value) for flag, value in (("--max-batch-size", args.max_batch_size),
+                                                   ("--instances", args.instances),
+                                                   ("--tokenizer-instances", args.tokenizer_instances)) if value]
     cmd = [sys.executable, "-m", "builder", "build", "--model", str(model_dir), "--task", "embed", "--name", "bench",
            "--repository", str(repo), "--runtime", "python", "--formats", "onnx", "--device", args.device,
-           "--max-batch-size", str(args.max_batch_size), "--instances", str(args.instances),
-           "--tokenizer-instances", str(args.tokenizer_instances), *args.builder_arg]
+           *(x for pair in overrides for x in (pair[0], str(pair[1]))), *args.builder_arg]
     subprocess.run(cmd, check=True, cwd=REPO_ROOT)
     return repo
 
@@ -114,6 +118,9 @@ providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p i
 sess = ort.InferenceSession(sys.argv[1], providers=providers)
 feed = {{"input_ids": np.full((1, {width}), 7, np.int32), "attention_mask": np.ones((1, {width}), np.int32),
         "token_type_ids": np.zeros((1, {width}), np.int32)}}
+if "cu_seqlens" in {{i.name for i in sess.get_inputs()}}:  # a packed step's graph (docs/contract.md): the same row
+    feed = {{"input_ids": feed["input_ids"][0], "token_type_ids": feed["token_type_ids"][0],
+            "cu_seqlens": np.array([0, {width}], np.int32), "max_seqlen": np.array([{width}], np.int32)}}
 for _ in range(20): sess.run(None, feed)
 t = []
 for _ in range({repeats}):
@@ -259,6 +266,23 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
             proc.wait(timeout=30)
 
 
+def worker_count(pid: int) -> int:
+    """Worker processes of a gateway (its children; 1 when it serves in-process)."""
+    import psutil
+
+    return max(1, len(psutil.Process(pid).children()))
+
+
+def wait_until_served(url: str, timeout_s: float = 60.0) -> None:
+    """Until the gateway's workers have discovered the model (every worker answers /v1/models with it)."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline and seen < 16:  # 16 answers in a row, spread over the workers
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
+            seen = seen + 1 if b'"bench"' in resp.read() else 0
+        time.sleep(0.05)
+
+
 def save_diagnostics(work: Path, tag: str, gateway_url: str, triton: TritonServer) -> None:
     """The gateway's and Triton's /metrics and Triton's per-model statistics after a series (for the logs)."""
     import tritonclient.grpc as grpcclient
@@ -303,11 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", default="", help="comma list of step names (default: all): " + ", ".join(n for n, *_ in STEPS))
     p.add_argument("--repository", type=Path, help="a built repository (default: build --shape with the builder)")
     p.add_argument("--builder-arg", action="append", default=[])
-    p.add_argument("--max-batch-size", type=int, default=256)
-    p.add_argument("--instances", type=int, default=4, help="model-step instances (4 measured best, h100-7-tuning)")
-    p.add_argument("--tokenizer-instances", type=int, default=4)
-    p.add_argument("--workers", type=int, default=4, help="gateway workers")
+    p.add_argument("--max-batch-size", type=int, default=0, help="builder override (default: the builder's)")
+    p.add_argument("--instances", type=int, default=0, help="builder override (default: the builder's)")
+    p.add_argument("--tokenizer-instances", type=int, default=0, help="builder override (default: the builder's)")
+    p.add_argument("--workers", default="", help="gateway workers (default: the gateway's, auto)")
     p.add_argument("--gateway-setting", action="append", default=[], help="extra GATEWAY_* setting, k=v")
+    p.add_argument("--tuned", default="", help="k=v,... GATEWAY_* settings of one more scheduler series, "
+                   "'tuned', beside the shipped defaults (e.g. workers=6,max_batches_in_flight=1)")
     p.add_argument("--procs", type=int, default=5, help="client processes")
     p.add_argument("--corpus-size", type=int, default=4000)
     p.add_argument("--duration", type=float, default=8.0)
@@ -345,21 +371,24 @@ def main(argv: list[str] | None = None) -> int:
         alone = step_alone_ms(repo, width=short_width)
         with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
             args.triton_grpc = triton.grpc_url
-            for pipeline in ("scheduler", "ensemble"):
-                if pipeline not in parts:
-                    continue
-                settings = {"workers": str(args.workers), "pipeline": pipeline, "repository": str(repo),
-                            "log_level": "warning", **gateway_settings}
+            series = [(pipeline, pipeline, {}) for pipeline in ("scheduler", "ensemble") if pipeline in parts]
+            if args.tuned and "scheduler" in parts:
+                series.append(("scheduler tuned", "scheduler", dict(kv.split("=", 1) for kv in args.tuned.split(","))))
+            for label, pipeline, extra in series:
+                settings = {"pipeline": pipeline, "repository": str(repo), "log_level": "warning",
+                            **({"workers": args.workers} if args.workers else {}), **gateway_settings, **extra}
                 with GatewayProcess(triton.grpc_url, settings=settings,
-                                    log_path=work / f"gateway-{pipeline}.log") as gw:
-                    time.sleep(1.0 + 0.3 * args.workers)  # every worker up and discovered
+                                    log_path=work / f"gateway-{label.replace(' ', '-')}.log") as gw:
+                    wait_until_served(gw.url)
                     assert gw.process is not None
-                    profile = (gw.process.pid, work / f"profile-gateway-{pipeline}.txt") if args.profile else None
-                    result, counters = http_steps(f"stack {pipeline}", gw.url, "bench", "embed", corpus, args,
+                    profile = (gw.process.pid, work / f"profile-gateway-{label.replace(' ', '-')}.txt") \
+                        if args.profile else None
+                    result, counters = http_steps(f"stack {label}", gw.url, "bench", "embed", corpus, args,
                                                   scheduler=pipeline == "scheduler", profile=profile)
                     steps += result
                     batching.update(counters)
-                    save_diagnostics(work, pipeline, gw.url, triton)
+                    save_diagnostics(work, label.replace(" ", "-"), gw.url, triton)
+                    notes.append(f"stack {label}: gateway settings {settings}, {worker_count(gw.process.pid)} workers")
     if "infinity" in parts:
         inf, inf_notes = run_infinity(model_dir, corpus, args, work / "infinity.log")
         steps += inf
@@ -383,9 +412,10 @@ def main(argv: list[str] | None = None) -> int:
         f"pads it on a GPU): {alone['median_ms']:.2f} ms "
         f"({alone['providers']})",
         "peers (texts/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()),
-        f"gateway: {args.workers} workers, settings {gateway_settings or 'defaults'}; {args.procs} client processes; "
-        f"repository: --max-batch-size {args.max_batch_size} --instances {args.instances} "
-        f"--tokenizer-instances {args.tokenizer_instances} {' '.join(args.builder_arg)}",
+        f"gateway: workers {args.workers or 'default (auto)'}, settings {gateway_settings or 'defaults'}; "
+        f"{args.procs} client processes; repository: the builder's defaults for --runtime python --formats onnx "
+        f"--device {args.device}, overrides: --max-batch-size {args.max_batch_size or '-'} --instances "
+        f"{args.instances or '-'} --tokenizer-instances {args.tokenizer_instances or '-'} {' '.join(args.builder_arg)}",
         "tokens/s per step: " + ", ".join(f"{s.label} {s.items_per_s * tokens_per_text:.0f}" for s in steps),
         "errors per step (window + warm-up): " + ", ".join(f"{s.label} {s.errors}+{s.warmup_errors}" for s in steps),
     ]

@@ -94,7 +94,7 @@ def run(settings: BenchSettings) -> BenchResult:
     model = bert_base()
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = Path(tmp) / "model.onnx"
-        export_onnx(model, "embeddings", onnx_path, opset=17)
+        export_onnx(model, ["embeddings"], onnx_path, opset=17)
         sessions = {"onnx": _session(onnx_path, settings.threads)}
         ops, optimized_ops = onnx_op_counts(onnx_path), None
         if settings.optimized:

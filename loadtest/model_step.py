@@ -85,7 +85,7 @@ def export_variants(model_dir: Path, work: Path, float16: bool, builder_only: bo
     model = load_repository_model(model_dir, settings, attn_implementation="eager")
     raw = work / "raw" / "model.onnx"
     raw.parent.mkdir(parents=True, exist_ok=True)
-    export_onnx(model, settings.output_name, raw, settings.opset)
+    export_onnx(model, settings.output_names, raw, settings.opset)
     heads, hidden = model.model.config.num_attention_heads, model.model.config.hidden_size
     variants: dict[str, dict[str, Any]] = {}
 

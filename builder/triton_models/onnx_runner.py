@@ -11,6 +11,9 @@ A batch the gateway formed (one request, already of a declared shape) runs as it
 `allow_ragged_batch` on the inputs (`--merge-buckets`) Triton's dynamic batcher merges requests
 of any width into one execute() call.
 
+A `layout: packed` step (docs/contract.md) runs packed_runner.py instead: its graph computes real
+tokens only, and it takes packed requests (cu_seqlens) as well as padded ones.
+
 A KIND_GPU instance runs on onnxruntime's CUDA execution provider or fails to load (never on the
 CPU quietly); a KIND_CPU instance on the CPU provider. Inputs and outputs stay int32 / float32
 whatever the graph computes in. Requests cancelled while they waited are not run (SkipCancelled).
@@ -55,7 +58,8 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         parameters = config.get("parameters", {})
-        self.output = config["output"][0]["name"]
+        # the per-text output first, then per-token ones ([rows, tokens, ...]); a request gets what it asks for
+        self.outputs = [output["name"] for output in config["output"]]
         options = ort.SessionOptions()
         threads = int(parameters.get("intra_op_num_threads", {}).get("string_value", "0") or 0)
         if threads > 0:
@@ -70,8 +74,19 @@ class TritonPythonModel:
         self.call_cost_tokens = CALL_COST_TOKENS[kind]
         self.widths = parse_sizes(parameters.get("batch_widths", {}).get("string_value", ""))
         self.rows = parse_sizes(parameters.get("batch_rows", {}).get("string_value", ""))
-        warmed = self._warm_up()
-        self._execute = SkipCancelled(self._infer)
+        if parameters.get("layout", {}).get("string_value", "padded") == "packed":
+            from packed_runner import PackedSteps  # copied next to this file for packed steps only
+
+            def number(key):
+                return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
+
+            packed = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
+                                 (number("vocab_size"), number("type_vocab_size")))
+            warmed = packed.warm_up(gpu=kind == "GPU")
+            self._execute = SkipCancelled(packed)
+        else:
+            warmed = self._warm_up()
+            self._execute = SkipCancelled(self._infer)
         pb_utils.Logger.log_info(f"{args['model_name']}: onnxruntime {ort.__version__} on {self.session.get_providers()}, "
                                  f"{warmed}")
 
@@ -84,19 +99,26 @@ class TritonPythonModel:
         for rows, width in shapes:
             feed = {name: np.zeros((rows, width), np.int32) for name in INPUTS}
             feed["attention_mask"][:] = 1
-            self._run(feed)
+            self._run(feed, self.outputs)
         return f"{len(shapes)} shapes warmed in {time.perf_counter() - start:.1f}s"
 
-    def _run(self, feed):
-        return self.session.run([self.output], feed)[0]
+    def _run(self, feed, names=None):
+        """The outputs `names` (default: the per-text one) of one onnxruntime call, in that order."""
+        return self.session.run(names or self.outputs[:1], feed)
 
     def execute(self, requests):
         return self._execute(requests)
+
+    def _requested(self, request):
+        names = [n for n in request.requested_output_names() if n in self.outputs]
+        return names or self.outputs[:1]
 
     def _infer(self, requests):
         inputs = [
             [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in INPUTS] for r in requests
         ]
+        wanted = [self._requested(r) for r in requests]
+        names = [n for n in self.outputs if any(n in w for w in wanted)]
         lengths = np.concatenate([mask.sum(axis=1) for _, mask, _ in inputs])
         widest = max(ids.shape[1] for ids, _, _ in inputs)
         shapes = Shapes(self.widths[-1] if self.widths else widest, self.widths, self.rows)
@@ -105,10 +127,11 @@ class TritonPythonModel:
         if len(inputs) == 1 and len(plan) == 1 and shapes.fit_rows(len(lengths)) == (len(lengths),) * 2:
             width = min(plan[0][1], widest)  # e.g. a batch the gateway formed: run it as it came
             feed = {name: np.ascontiguousarray(tensor[:, :width]) for name, tensor in zip(INPUTS, inputs[0])}
-            out = np.ascontiguousarray(self._run(feed), dtype=np.float32)
-            return [pb_utils.InferenceResponse([pb_utils.Tensor(self.output, out)])]
+            outs = self._run(feed, names)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(o, dtype=np.float32))
+                                                for n, o in zip(names, outs)])]
         sources = [(r, row) for r, (ids, _, _) in enumerate(inputs) for row in range(ids.shape[0])]
-        results = [None] * len(sources)
+        results = {n: [None] * len(sources) for n in names}
         for members, width in plan:
             start = 0
             while start < len(members):
@@ -122,13 +145,28 @@ class TritonPythonModel:
                     cols = min(width, inputs[r][0].shape[1])
                     for tensor, source in zip(feed, inputs[r]):
                         tensor[k, :cols] = source[row, :cols]
-                out = self._run(dict(zip(INPUTS, feed)))
-                for k, index in enumerate(chunk):
-                    results[index] = out[k]
+                outs = self._run(dict(zip(INPUTS, feed)), names)
+                for n, out in zip(names, outs):
+                    for k, index in enumerate(chunk):
+                        results[n][index] = out[k]
         responses, start = [], 0
-        for ids, _, _ in inputs:
-            rows = ids.shape[0]
-            out = np.stack(results[start:start + rows]).astype(np.float32, copy=False)
+        for (ids, _, _), want in zip(inputs, wanted):
+            rows, tensors = ids.shape[0], []
+            for n in want:
+                part = results[n][start:start + rows]
+                if n != self.outputs[0]:  # per token: each row back to the request's own width
+                    part = [_to_width(row, ids.shape[1]) for row in part]
+                out = np.stack(part).astype(np.float32, copy=False)
+                tensors.append(pb_utils.Tensor(n, np.ascontiguousarray(out)))
             start += rows
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.output, np.ascontiguousarray(out))]))
+            responses.append(pb_utils.InferenceResponse(tensors))
         return responses
+
+
+def _to_width(row, width):
+    """A per-token output row [tokens, ...] cut or zero-padded to `width` tokens (its real tokens fit in both)."""
+    if row.shape[0] >= width:
+        return row[:width]
+    padded = np.zeros((width, *row.shape[1:]), dtype=row.dtype)
+    padded[:row.shape[0]] = row
+    return padded

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +29,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.INTERNAL: 500,
     ErrorKind.NOT_IMPLEMENTED: 501,
     ErrorKind.UPSTREAM: 502,
+    ErrorKind.UNSUPPORTED_OUTPUT: 424,  # text-embeddings-inference's answer to /embed_sparse on a dense model
     ErrorKind.OVERLOADED: 503,
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.TIMEOUT: 504,
@@ -60,7 +63,12 @@ async def _gateway_error(_: Request, exc: Exception) -> OrjsonResponse:
 
 async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
+    return validation_error_response(exc.errors())
+
+
+def validation_error_response(errors: Sequence[Mapping[str, Any]]) -> OrjsonResponse:
+    """The 400/422 of a body that failed to parse or validate (pydantic's errors; a `body` location prefix,
+    as FastAPI's path adds it, is left out)."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return error_response(400, "invalid_json", "request body is not valid JSON")
     unicode = next((e for e in errors if e.get("type") == "string_unicode"), None)
@@ -86,10 +94,15 @@ def _unparsable_body(cause: BaseException | None) -> str:
     return "request body is not valid JSON"
 
 
+def unparsable_body_response(cause: BaseException | None) -> OrjsonResponse:
+    """The 400 of a body json.loads failed on with something else than a JSONDecodeError."""
+    return error_response(400, "invalid_json", _unparsable_body(cause))
+
+
 async def _http_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400:  # FastAPI's "There was an error parsing the body" (the only 400 HTTPException here)
-        return error_response(400, "invalid_json", _unparsable_body(exc.__cause__))
+        return unparsable_body_response(exc.__cause__)
     kind = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, kind, str(exc.detail))
 

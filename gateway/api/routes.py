@@ -58,16 +58,21 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def require_json(request: Request) -> None:
-    """415 unless a POST body is declared as JSON (a form or text body would fail obscurely later)."""
-    if request.method != "POST":
-        return
-    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+def json_media_error(content_type: str) -> GatewayError | None:
+    """The 415 of a POST body not declared as JSON (a form or text body would fail obscurely later)."""
+    media = content_type.partition(";")[0].strip().lower()
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-        raise GatewayError(
+        return GatewayError(
             ErrorKind.UNSUPPORTED_MEDIA,
             f"send the body as JSON with Content-Type: application/json (got {media or 'no Content-Type'!r})",
         )
+    return None
+
+
+async def require_json(request: Request) -> None:
+    """415 unless a POST body is declared as JSON."""
+    if request.method == "POST" and (error := json_media_error(request.headers.get("content-type", ""))) is not None:
+        raise error
 
 
 api = APIRouter(dependencies=[Depends(require_json)], responses=_ERRORS)  # API keys: api/middleware.py
@@ -294,8 +299,11 @@ def _card(runtime: Runtime, m: ServedModel) -> dict[str, Any]:
         card.update(dimensions=m.embedding_dim, pooling=m.pooling, normalize=m.normalize, prompts=m.prompts,
                     default_prompt_name=m.default_prompt or None,
                     matryoshka_dimensions=sorted({*m.matryoshka_dims, m.embedding_dim}) if m.matryoshka_dims else None)
+    elif m.task == "sparse-embed":
+        card.update(dimensions=m.embedding_dim, prompts=m.prompts, default_prompt_name=m.default_prompt or None)
     else:
         card["labels"] = list(m.labels)
+    card["token_outputs"] = [name for name, _ in m.endpoint(None).token_outputs]
     return card
 
 

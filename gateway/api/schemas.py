@@ -240,7 +240,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "gateway"
-    task: Literal["classify", "embed", "rerank"]
+    task: Literal["classify", "embed", "rerank", "sparse-embed"]
     backends: list[Backend]
     default_backend: Backend
     onnx_accelerator: OnnxAccelerator | None = Field(
@@ -266,6 +266,11 @@ class ModelCard(BaseModel):
     default_prompt_name: str | None = Field(None, examples=["passage"])
     matryoshka_dimensions: list[int] | None = Field(
         None, description="embed: the `dimensions` a request may ask for.", examples=[[16, 32]])
+    token_outputs: list[str] = Field(
+        default_factory=list, description="Per-token outputs of the model step: `token_embeddings` (/embed_all), "
+        "`token_weights` (bge-m3 lexical weights, /embed_sparse), `colbert_vectors` (/embed_multi_vector). "
+        "sparse-embed models answer /embed_sparse from their vocabulary row.",
+        examples=[["token_embeddings", "token_weights", "colbert_vectors"]])
 
 
 class ModelList(BaseModel):
@@ -325,3 +330,34 @@ class ModelFamily(BaseModel):
 class FamilyList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelFamily]
+
+
+class EmbedSparseRequest(_Request):
+    """text-embeddings-inference's `POST /embed_sparse` (plus `model` and `backend`)."""
+
+    model: str | None = Field(None, description="Served model NAME; optional when one model with a sparse output "
+                              "is served.", examples=["splade"])
+    inputs: Inputs = Field(examples=[["what is deep learning"]])
+    truncate: bool = Field(True, description="Truncate texts over max_seq_len (else 413).")
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(None, description="A prompt of the model prepended to every input; default: "
+                                    "the model's default prompt, if any.", examples=["query"])
+    backend: Backend | None = None
+
+
+class SparseValue(BaseModel):
+    index: int = Field(description="Vocabulary index (token id).", examples=[2129])
+    value: float = Field(description="Its weight (non-zero).", examples=[1.37])
+
+
+class EmbedAllRequest(_Request):
+    """text-embeddings-inference's `POST /embed_all` (plus `model` and `backend`); also `/embed_multi_vector`."""
+
+    model: str | None = Field(None, description="Served model NAME; optional when one model with per-token "
+                              "outputs is served.", examples=["bge-m3"])
+    inputs: Inputs = Field(examples=[["what is deep learning"]])
+    truncate: bool = Field(True, description="Truncate texts over max_seq_len (else 413).")
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(None, description="A prompt of the model prepended to every input; default: "
+                                    "the model's default prompt, if any.", examples=["query"])
+    backend: Backend | None = None

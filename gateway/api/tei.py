@@ -288,7 +288,7 @@ def _info(runtime: Runtime, model: ServedModel) -> TeiInfo:
         max_batch_requests=min(s.max_batch_requests, step_rows),
         max_client_batch_size=s.max_inputs,
         auto_truncate=True,
-        tokenization_workers=s.workers,
+        tokenization_workers=s.worker_count,
         version=TEI_VERSION,
     )
 

@@ -14,6 +14,7 @@ mismatched file) uses its ensemble; `sync` says so in the log once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -70,6 +71,23 @@ class Inputs:
         return len(self.token_ids) if self.token_ids is not None else len(self.texts)
 
 
+def _input_sizes(policy: BatchPolicy, max_seq_len: int) -> dict[str, int]:
+    """Bytes of each input of the largest batch `policy` forms."""
+    if policy.layout == "packed":
+        token_bytes = policy.max_tokens * 4
+        return {INPUT_IDS: token_bytes, TOKEN_TYPE_IDS: token_bytes, CU_SEQLENS: (policy.max_rows + 1) * 4}
+    # dummy rows can take a batch past the token budget by ROW_PAD_LIMIT (contract/batching.py)
+    token_bytes = int(policy.max_tokens * (1 + ROW_PAD_LIMIT) + max_seq_len) * 4
+    return {name: token_bytes for name in TOKEN_INPUTS}
+
+
+def _token_shape(tensors: dict[str, np.ndarray], rows: int, dim: int) -> tuple[int, ...]:
+    """The shape of a per-token output of `dim` floats per token (0: one) for a batch: [rows, width, dim]
+    padded, [T, dim] packed."""
+    lead = (tensors[INPUT_IDS].shape[1],) if CU_SEQLENS in tensors else (rows, tensors[INPUT_IDS].shape[1])
+    return lead if dim == 0 else (*lead, dim)
+
+
 def _characters(inputs: Inputs) -> int:
     """Characters of the texts (and pairs) of a request; for token ids, the ids themselves."""
     if inputs.token_ids is not None:
@@ -81,9 +99,10 @@ def _characters(inputs: Inputs) -> int:
 class BatchResult:
     """Model outputs for every input, in input order, and the billed token count."""
 
-    outputs: np.ndarray  # [n, width] float32
+    outputs: np.ndarray  # [n, width] float32; a per-token output: a list of [tokens_i, ...] arrays
     num_tokens: np.ndarray  # [n] int32, before truncation
     tokens: int  # sum of min(num_tokens, max_seq_len)
+    ids: list[np.ndarray] | None = None  # the token ids each text ran with (scheduler pipeline)
 
 
 @dataclass
@@ -95,6 +114,12 @@ class TokenPipeline:
     scheduler: BatchScheduler
     metrics: BatchMetrics
     output: Output
+    parent: BatchScheduler | None = None  # a per-token pipeline: the step's own scheduler it follows
+
+
+def _token_pool(step: str, output: str) -> str:
+    """The shm pool key of a per-token output of a step."""
+    return f"{step}.{output}"
 
 
 def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -> int:
@@ -121,6 +146,9 @@ class Inference:
         self.client = client
         self.settings = settings
         self.pipelines: dict[str, TokenPipeline] = {}  # by model step name
+        # per-token outputs (/embed_all, bge-m3 lexical weights): a scheduler per (step, output), made on first use;
+        # they share the step's tokenizer queue and have a shm pool of their own (sized by their token budget)
+        self.token_pipelines: dict[tuple[str, str], TokenPipeline] = {}
         self.encoders: dict[str, TextEncoder] = {}  # ensemble-pipeline models the gateway can count tokens for
         self.backlogs: dict[str, tuple[Backlog, InFlightLimit]] = {}  # ensemble pipeline, per ensemble
         self._on_model_gone = on_model_gone
@@ -132,13 +160,17 @@ class Inference:
         return "scheduler" if endpoint.step_model in self.pipelines else "ensemble"
 
     async def run(
-        self, model: ServedModel, inputs: Inputs, *, truncate: bool, backend: Backend | None, deadline: float
+        self, model: ServedModel, inputs: Inputs, *, truncate: bool, backend: Backend | None, deadline: float,
+        output: str | None = None,
     ) -> BatchResult:
         """Infer all `inputs` (any count) on `model` by `deadline` (time.monotonic()); 413 before any
-        inference when `truncate` is off and an input is too long (where the gateway can tokenize)."""
+        inference when `truncate` is off and an input is too long (where the gateway can tokenize).
+        `output`: a per-token output of the step (contract.PER_TOKEN_OUTPUTS) instead of the pooled one."""
         endpoint = model.endpoint(backend)
         pipeline = self.pipelines.get(endpoint.step_model)
         try:
+            if output is not None:
+                pipeline = await self._token_pipeline(model, endpoint, output)
             if pipeline is None:
                 return await self._run_ensemble(model, endpoint, inputs, truncate, deadline)
             backlog = pipeline.scheduler.backlog
@@ -161,7 +193,7 @@ class Inference:
             backlog.learn_units_per_char(chars, actual)
             backlog.add(actual - guess)  # the guess, corrected
             outputs = await pipeline.scheduler.submit(encoded, deadline, counted=True)
-            return BatchResult(outputs, encoded.num_tokens, tokens)
+            return BatchResult(outputs, encoded.num_tokens, tokens, encoded.ids)
         except GatewayError as exc:
             if exc.type == "model_unavailable":
                 self._on_model_gone()
@@ -284,6 +316,12 @@ class Inference:
                                   model.name, endpoint.triton_model)
         for step in set(self.pipelines) - wanted:
             await self.pipelines.pop(step).scheduler.close()
+        for key in list(self.token_pipelines):  # remade on next use, after the step they follow
+            current = self.pipelines.get(key[0])
+            if current is None or current.scheduler is not self.token_pipelines[key].parent:
+                await self.token_pipelines.pop(key).scheduler.close()
+            else:
+                pooled.add(_token_pool(*key))
         for name in set(self.client.pools) - pooled:
             await self.client.drop_pool(name)
 
@@ -320,7 +358,7 @@ class Inference:
         step = endpoint.step_model
 
         async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray:
-            return await self.client.infer_step(step, tensors, rows, output, deadline)
+            return await self.client.infer_step(step, tensors, (rows, output.width), output, deadline)
 
         if same_step and current is not None:  # only the tokenizer changed: new encoder, same queue
             current.tokenizer.encoder, current.sha256 = encoder, sha
@@ -341,6 +379,7 @@ class Inference:
         """How batches for this step are formed: the settings, within what the step declares."""
         s = self.settings
         max_rows = min(s.max_batch_requests, endpoint.step_max_batch_size)
+        budget = min(s.max_batch_tokens, endpoint.step_max_tokens) if endpoint.step_max_tokens else s.max_batch_tokens
         widths = endpoint.step_widths or (
             tuple(sorted({*range(8, model.max_seq_len, 8), model.max_seq_len})) if endpoint.step_on_gpu else ())
         rows = tuple(r for r in endpoint.step_rows if r <= max_rows)
@@ -350,14 +389,14 @@ class Inference:
         if endpoint.step_layout == "packed":  # only real tokens count: no widths, no row counts, no padding bound
             return BatchPolicy(
                 max_rows=s.max_batch_requests,  # a packed request is one of Triton's batch, whatever its rows
-                max_tokens=max(s.max_batch_tokens, model.max_seq_len), max_in_flight=s.max_batches_in_flight,
+                max_tokens=max(budget, model.max_seq_len), max_in_flight=s.max_batches_in_flight,
                 shapes=Shapes(model.max_seq_len), call_cost_tokens=0,
                 pad_id=model.tokenizer.pad_token_id if model.tokenizer else 0, max_queue_wait_s=s.max_queue_wait_s,
                 layout="packed",
             )
         return BatchPolicy(
             max_rows=max_rows,
-            max_tokens=max(s.max_batch_tokens, model.max_seq_len),
+            max_tokens=max(budget, model.max_seq_len),
             max_in_flight=s.max_batches_in_flight,
             shapes=Shapes(model.max_seq_len, widths, rows),
             call_cost_tokens=_CALL_COST_TOKENS["GPU" if endpoint.step_on_gpu else "CPU"] if cost is None else cost,
@@ -365,15 +404,55 @@ class Inference:
             max_queue_wait_s=s.max_queue_wait_s,
         )
 
+    async def _token_pipeline(self, model: ServedModel, endpoint: Endpoint, output: str) -> TokenPipeline:
+        """The scheduler of one per-token output of a step (made on first use): same tokenizer and batching rule,
+        its own token budget (GATEWAY_TOKEN_OUTPUT_MAX_TOKENS: tokens x floats per token x 4 bytes come back)."""
+        main = self.pipelines.get(endpoint.step_model)
+        dim = endpoint.token_width(output)
+        if dim is None:
+            raise GatewayError(ErrorKind.UNSUPPORTED_OUTPUT, f"model {model.name!r} has no per-token output "
+                               f"{output!r} (rebuild it with this builder)", type="output_not_available")
+        if main is None:
+            raise GatewayError(ErrorKind.NOT_IMPLEMENTED, f"per-token outputs of {model.name!r} need the gateway's "
+                               "scheduler pipeline: it must read the model's tokenizer (GATEWAY_REPOSITORY)",
+                               type="pipeline_unsupported")
+        key = (endpoint.step_model, output)
+        current = self.token_pipelines.get(key)
+        if current is not None and current.parent is main.scheduler:
+            current.tokenizer = main.tokenizer
+            return current
+        step, pool = endpoint.step_model, _token_pool(*key)
+        out = Output(output, dim, model.name, per_token=True)
+        budget = max(model.max_seq_len, min(self.settings.token_output_max_tokens, main.scheduler.policy.max_tokens))
+        policy = dataclasses.replace(main.scheduler.policy, max_tokens=budget)
+
+        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray:
+            return await self.client.infer_step(step, tensors, _token_shape(tensors, rows, dim), out, deadline,
+                                                pool=pool)
+
+        scheduler = BatchScheduler(step, dim, policy, run_batch, main.metrics, per_token=True)
+        pipeline = TokenPipeline(main.tokenizer, main.sha256, scheduler, main.metrics, out, parent=main.scheduler)
+        self.token_pipelines[key] = pipeline
+        if current is not None:
+            await current.scheduler.close()
+        try:
+            sizes = _input_sizes(policy, model.max_seq_len)
+            tokens = sizes[INPUT_IDS] // 4
+            sizes[output] = tokens * max(dim, 1) * 4
+            await self.client.ensure_pool(pool, sizes, policy.max_in_flight + 1)
+        except GatewayError:  # Triton unavailable: made again, pool included, on the next request
+            if self.token_pipelines.get(key) is pipeline:
+                del self.token_pipelines[key]
+            await scheduler.close()
+            raise
+        except Exception:  # noqa: BLE001 - the output still goes over plain gRPC
+            log.exception("%s: could not set up shared memory for %s; it goes over plain gRPC", model.name, output)
+        log.info("%s: per-token pipeline for %s on %s (budget %d tokens)", model.name, output, step, budget)
+        return pipeline
+
     async def _ensure_step_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
         policy = self.pipelines[endpoint.step_model].scheduler.policy
-        if policy.layout == "packed":
-            token_bytes = policy.max_tokens * 4
-            sizes = {INPUT_IDS: token_bytes, TOKEN_TYPE_IDS: token_bytes, CU_SEQLENS: (policy.max_rows + 1) * 4}
-        else:
-            # dummy rows can take a batch past the token budget by ROW_PAD_LIMIT (contract/batching.py)
-            token_bytes = int(policy.max_tokens * (1 + ROW_PAD_LIMIT) + model.max_seq_len) * 4
-            sizes = {name: token_bytes for name in TOKEN_INPUTS}
+        sizes = _input_sizes(policy, model.max_seq_len)
         sizes[model.output_name] = policy.max_rows * model.output_width * 4
         await self.client.ensure_pool(endpoint.step_model, sizes, policy.max_in_flight + 1)
 
@@ -390,6 +469,7 @@ class Inference:
 
     async def close(self) -> None:
         await asyncio.gather(*self._retiring, return_exceptions=True)
-        for pipeline in self.pipelines.values():
+        for pipeline in [*self.pipelines.values(), *self.token_pipelines.values()]:
             await pipeline.scheduler.close()
         self.pipelines.clear()
+        self.token_pipelines.clear()

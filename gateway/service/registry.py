@@ -22,6 +22,7 @@ from contract import (
     ONNX_ACCELERATORS,
     TASKS,
     ApiBackend,
+    PER_TOKEN_OUTPUTS,
     OnnxAccelerator,
     Param,
     Task,
@@ -108,6 +109,13 @@ class Endpoint:
     accelerator: OnnxAccelerator = "none"  # onnx: how the onnxruntime backend runs the step (ensemble parameter)
     precision: str = ""  # the step's `precision` parameter (fp16, fp32); "" when the step's config is not known
     step_layout: Layout = "padded"  # packed: the step takes packed batches (docs/contract.md)
+    # per-token outputs of the step (docs/contract.md): name -> floats per token (0: one weight per token)
+    token_outputs: tuple[tuple[str, int], ...] = ()
+    step_max_tokens: int = 0  # the step's token budget of one call (parameter max_batch_tokens; 0 = not declared)
+
+    def token_width(self, name: str) -> int | None:
+        """Floats per token of the per-token output `name` (0: a scalar), or None when the step has none."""
+        return dict(self.token_outputs).get(name)
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,7 @@ class ServedModel:
     default_prompt: str = ""  # embed: the prompt used when a request names none
     matryoshka_dims: tuple[int, ...] = ()  # embed: dimensions a request may truncate to
     score_label: int = 0  # rerank: the logit that scores relevance
+    sparse_skip_ids: tuple[int, ...] = ()  # embed with bge-m3 heads: token ids whose lexical weight is dropped
     tokenizer: TokenizerInfo | None = None
     endpoints: dict[Backend, Endpoint] = field(default_factory=dict)
 
@@ -145,7 +154,7 @@ class ServedModel:
 
     @property
     def output_width(self) -> int:
-        return self.embedding_dim if self.task == "embed" else len(self.labels)
+        return self.embedding_dim if self.task in ("embed", "sparse-embed") else len(self.labels)
 
     @property
     def default_backend(self) -> Backend:
@@ -200,6 +209,16 @@ def _accelerator(params: dict[str, str], backend: Backend) -> OnnxAccelerator:
     return value  # type: ignore[return-value]
 
 
+def _token_outputs(step: model_config_pb2.ModelConfig) -> tuple[tuple[str, int], ...]:
+    """The step's per-token outputs it declares (FP32 [-1] or [-1, dim]) by the contract's names."""
+    found = []
+    for output in step.output:
+        dims = list(output.dims)
+        if output.name in PER_TOKEN_OUTPUTS and dims and dims[0] == -1 and len(dims) <= 2:
+            found.append((output.name, int(dims[1]) if len(dims) == 2 else 0))
+    return tuple(found)
+
+
 def _prompts(text: str) -> dict[str, str]:
     """An embedder's prompts: a JSON object of prompt name -> prefix text."""
     prompts = orjson.loads(text or "{}")
@@ -227,7 +246,7 @@ def parse_ensemble(
         name=params.get(Param.MODEL_NAME) or config.name,
         task=task,  # type: ignore[arg-type]
         max_seq_len=int(params.get(Param.MAX_SEQ_LEN, "512")),
-        labels=_labels(params[Param.LABELS]) if task != "embed" else (),
+        labels=_labels(params[Param.LABELS]) if task in ("classify", "rerank") else (),
         embedding_dim=int(params.get(Param.EMBEDDING_DIM, "0")),
         pooling=params.get(Param.POOLING, ""),
         source=params.get(Param.SOURCE, ""),
@@ -237,6 +256,7 @@ def parse_ensemble(
         default_prompt=params.get(Param.DEFAULT_PROMPT, ""),
         matryoshka_dims=parse_sizes(params.get(Param.MATRYOSHKA_DIMS, "")),
         score_label=int(params.get(Param.SCORE_LABEL, "0") or 0),
+        sparse_skip_ids=parse_sizes(params.get(Param.SPARSE_SKIP_IDS, "")),
     )
     if model.max_seq_len <= 0:
         raise ValueError(f"max_seq_len {model.max_seq_len} is not positive")
@@ -269,6 +289,7 @@ def parse_ensemble(
             step_rows=parse_sizes(step_params.get(Param.BATCH_ROWS, "")), accelerator=accelerator,
             precision=step_params.get(Param.PRECISION, ""),
             step_layout="packed" if step_params.get(Param.LAYOUT) == "packed" else "padded",
+            token_outputs=_token_outputs(step), step_max_tokens=int(step_params.get(Param.MAX_BATCH_TOKENS, "0") or 0),
         )
     return model, endpoint
 

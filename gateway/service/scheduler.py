@@ -94,8 +94,8 @@ class _Caller:
 
     __slots__ = ("future", "outputs", "remaining", "deadline", "batches", "trace", "rows", "on_gone")
 
-    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray, deadline: float,
-                 on_gone: Callable[[list[_Row]], None]) -> None:
+    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray | list[np.ndarray | None],
+                 deadline: float, on_gone: Callable[[list[_Row]], None]) -> None:
         self.future = future
         self.outputs = outputs
         self.remaining = len(outputs)
@@ -123,9 +123,11 @@ class _Caller:
 class BatchScheduler:
     """The queue and batch former of one model step in one gateway worker."""
 
-    def __init__(self, name: str, width: int, policy: BatchPolicy, run_batch: RunBatch, metrics: BatchMetrics) -> None:
+    def __init__(self, name: str, width: int, policy: BatchPolicy, run_batch: RunBatch, metrics: BatchMetrics,
+                 per_token: bool = False) -> None:
         self.name = name
         self.width = width
+        self.per_token = per_token  # outputs are per token: each text gets its own [length, ...] array
         self.policy = policy
         self._run_batch = run_batch
         self._metrics = metrics
@@ -148,7 +150,9 @@ class BatchScheduler:
         if not counted:
             self.backlog.add(sum(len(ids) for ids in encoded.ids), len(encoded))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        caller = _Caller(future, np.empty((len(encoded), self.width), dtype=np.float32), deadline, self._dropped)
+        outputs: np.ndarray | list[np.ndarray | None] = (
+            [None] * len(encoded) if self.per_token else np.empty((len(encoded), self.width), dtype=np.float32))
+        caller = _Caller(future, outputs, deadline, self._dropped)
         caller.trace = tracing.queued(self.name, len(encoded), future)
         now = time.perf_counter()
         types = encoded.type_ids
@@ -292,7 +296,7 @@ class BatchScheduler:
             self.backlog.observe_latency(time.perf_counter() - start)
             self.backlog.served(tokens, len(batch), mark)
             handle.served = True
-            for row, output in zip(batch, outputs):
+            for row, output in zip(batch, self._rows_of(outputs, batch, tensors)):
                 caller = row.caller
                 caller.outputs[row.index] = output
                 caller.remaining -= 1
@@ -308,6 +312,16 @@ class BatchScheduler:
         finally:
             if not handle.served:
                 self.backlog.call_ended(mark)
+
+    def _rows_of(self, outputs: np.ndarray, batch: list[_Row], tensors: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Each row's output: its row of a pooled output; its own tokens of a per-token one ([rows, width, ...]
+        padded, [T, ...] packed)."""
+        if not self.per_token:
+            return list(outputs)
+        if CU_SEQLENS in tensors:
+            cu = tensors[CU_SEQLENS][0]
+            return [outputs[cu[k]:cu[k + 1]] for k in range(len(batch))]
+        return [outputs[k, : row.length] for k, row in enumerate(batch)]
 
     def _batch_done(self, task: asyncio.Task[None], batch: list[_Row], tokens: int, handle: _Batch) -> None:
         self._tasks.discard(task)

@@ -52,11 +52,20 @@ log = logging.getLogger("gateway.triton")
 
 @dataclass(frozen=True)
 class Output:
-    """The output a call asks for: tensor name, row width (fp32), and the model label of its metrics."""
+    """The output a call asks for: tensor name, row width (fp32), and the model label of its metrics.
+
+    A per-token output (docs/contract.md) is [rows, tokens, width], or [rows, tokens] when width is 0."""
 
     name: str
     width: int
     label: str
+    per_token: bool = False
+
+    def shape(self, rows: int, tokens: int) -> tuple[int, ...]:
+        """The output's shape for a batch of `rows` rows padded to `tokens` tokens."""
+        if not self.per_token:
+            return (rows, self.width)
+        return (rows, tokens) if self.width == 0 else (rows, tokens, self.width)
 
 
 _MAX_MESSAGE = 2**31 - 1
@@ -385,44 +394,49 @@ class TritonClient:
             return region.read(out_name, np.float32, (n, width)), region.read(NUM_TOKENS, np.int32, (n,))
 
     async def infer_step(
-        self, step: str, tensors: dict[str, np.ndarray], rows: int, output: Output, deadline: float | None = None,
+        self, step: str, tensors: dict[str, np.ndarray], shape: tuple[int, ...], output: Output,
+        deadline: float | None = None, pool: str | None = None,
     ) -> np.ndarray:
         """Run one batch through a model step: `tensors` are its int32 inputs by name (padded [rows, width],
-        or packed [1, T] with cu_seqlens [1, rows + 1]; docs/contract.md); outputs [rows, width_out] fp32."""
-        return await self._with_reregister(lambda: self._step_once(step, tensors, rows, output, deadline))
+        or packed [1, T] with cu_seqlens [1, rows + 1]; docs/contract.md); the output fp32 of `shape` ([rows,
+        width_out]; a per-token output [rows, width, dim] padded, [T, dim] packed). `pool`: the shm pool to
+        lease from when it is not the step's own (a per-token output has a pool of its own)."""
+        return await self._with_reregister(lambda: self._step_once(step, tensors, shape, output, deadline, pool or step))
 
     async def _step_once(
-        self, step: str, tensors: dict[str, np.ndarray], rows: int, output: Output, deadline: float | None
+        self, step: str, tensors: dict[str, np.ndarray], shape: tuple[int, ...], output: Output,
+        deadline: float | None, pool_name: str,
     ) -> np.ndarray:
         client_timeout, timeout_us = self._timeouts(deadline)
         inputs = {name: grpcclient.InferInput(name, list(tensor.shape), "INT32") for name, tensor in tensors.items()}
         requested = grpcclient.InferRequestedOutput(output.name)
-        pool = self.pools.get(step)
+        pool = self.pools.get(pool_name)
         start = time.perf_counter()
+        out_bytes = int(np.prod(shape)) * 4
         sizes = {name: tensor.nbytes for name, tensor in tensors.items()}
-        fits = pool is not None and pool.layout.fits({**sizes, output.name: rows * output.width * 4})
+        fits = pool is not None and pool.layout.fits({**sizes, output.name: out_bytes})
         async with pool.lease() if pool is not None and fits else nullcontext() as region:
             if region is None:
                 for name, tensor in tensors.items():
                     inputs[name].set_data_from_numpy(tensor)
-                with tracing.triton_call(step, rows, "grpc") as headers:
+                with tracing.triton_call(step, shape[0], "grpc") as headers:
                     result = await self.grpc.infer(
                         step, list(inputs.values()), outputs=[requested], client_timeout=client_timeout,
                         timeout=timeout_us, headers=headers,
                     )
                 TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
-                return _as_rows(result, step, output.name, rows, output.width)
+                return _as_shape(result, step, output.name, shape)
             for name, tensor in tensors.items():
                 inputs[name].set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
-            requested.set_shared_memory(region.name, rows * output.width * 4, region.layout.offset(output.name))
-            with tracing.triton_call(step, rows, "shm") as headers:
+            requested.set_shared_memory(region.name, out_bytes, region.layout.offset(output.name))
+            with tracing.triton_call(step, shape[0], "shm") as headers:
                 result = await self.grpc.infer(
                     step, list(inputs.values()), outputs=[requested], client_timeout=client_timeout,
                     timeout=timeout_us, headers=headers,
                 )
             TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
-            _check_shape(result, step, output.name, rows, output.width)
-            return region.read(output.name, np.float32, (rows, output.width))
+            _check_full_shape(result, step, output.name, shape)
+            return region.read(output.name, np.float32, shape)
 
     # --- shutdown ---------------------------------------------------------------------
     async def close(self) -> None:
@@ -452,6 +466,27 @@ def _as_rows(result: grpcclient.InferResult, model: str, name: str, rows: int, w
     if array.size != rows * width:
         raise _contract_mismatch(model, f"output {name!r} has shape {list(array.shape)}, expected [{rows}, {width}]")
     return array.reshape(rows, width)
+
+
+def _as_shape(result: grpcclient.InferResult, model: str, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Output `name` as `shape`, or a contract-mismatch error when Triton sent another shape."""
+    array = result.as_numpy(name)
+    if array is None:
+        raise _contract_mismatch(model, f"no output {name!r}")
+    if tuple(array.shape) != shape:
+        raise _contract_mismatch(model, f"output {name!r} has shape {list(array.shape)}, expected {list(shape)}")
+    return array
+
+
+def _check_full_shape(result: grpcclient.InferResult, model: str, name: str, shape: tuple[int, ...]) -> None:
+    """An output written into shared memory must have exactly the expected shape (2-D ones: the older rule)."""
+    if len(shape) == 2:
+        _check_shape(result, model, name, shape[0], shape[1])
+        return
+    meta = result.get_output(name)
+    got = tuple(meta.shape) if meta is not None else None
+    if got != shape:
+        raise _contract_mismatch(model, f"output {name!r} has shape {list(got or [])}, expected {list(shape)}")
 
 
 def _check_shape(result: grpcclient.InferResult, model: str, name: str, rows: int, width: int) -> None:

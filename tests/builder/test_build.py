@@ -57,8 +57,9 @@ def test_onnx_interface(python_repository: Path) -> None:
             assert tensor.type.tensor_type.elem_type == onnx.TensorProto.INT32
             dims = tensor.type.tensor_type.shape.dim
             assert [d.dim_param for d in dims] == ["batch", "sequence"]
-        (out,) = model.graph.output
+        out, *per_token = model.graph.output  # embedders also return their last hidden state (/embed_all)
         assert out.name == output and out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        assert [o.name for o in per_token] == ([] if name == "tinycls" else ["token_embeddings"])
         session = ort.InferenceSession(str(python_repository / f"{name}_onnx" / "1" / "model.onnx"))
         for batch, seq in ((1, 3), (5, 40)):
             ones = np.ones((batch, seq), dtype=np.int32)

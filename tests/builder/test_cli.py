@@ -73,7 +73,7 @@ CASES = {
     "missing task": (["--model", "{cls}"], "missing --task", USAGE),
     "not a hub id": (["--model", "no//such", "--task", "embed"], "neither an existing directory nor a hub id", USAGE),
     "option of another task": (["--model", "{cls}", "--task", "classify", "--prompt", "q=query: "],
-                               "--prompt is for --task embed only", USAGE),
+                               "--prompt is for --task embed or sparse-embed only", USAGE),
     "trt on cpu": (["--model", "{cls}", "--task", "classify", "--formats", "trt", "--device", "cpu"],
                    "--formats trt needs --device gpu", USAGE),
     "onnx tensorrt on cpu": (["--model", "{cls}", "--task", "classify", "--onnx-accelerator", "tensorrt"],

@@ -123,3 +123,49 @@ def test_declared_shapes_default_on_gpu_only(tiny_embedder_dir: Path) -> None:
     widths, rows = shapes(runtime="python", device="gpu", max_batch_size=48)  # the tiny model's limit: 128
     assert widths == [8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128] and rows == [1, 2, 4, 8, 16, 32, 48]
     assert shapes(runtime="python", device="cpu") == ([], [])
+
+
+@pytest.mark.timeout(300)
+def test_merged_requests_get_the_outputs_each_asked_for(tiny_embedder_dir: Path, tmp_path: Path) -> None:
+    """Issue 23: requests of different widths merged into one execution, some asking for the per-token
+    `token_embeddings`, others for the pooled `embeddings`: each gets its own output, at its own width, equal
+    to onnxruntime on that request alone."""
+    import onnxruntime as ort
+
+    repository = tmp_path / "repo"
+    build_repository(repository, [{"model": str(tiny_embedder_dir), "task": "embed", "name": "m"}],
+                     **PYTHON_CPU, **TINY_LIMITS, merge_buckets=True, max_queue_delay_us=500_000,
+                     preferred_batch_sizes="8")
+    rng = np.random.default_rng(0)
+    requests = []
+    for k, width in enumerate((5, 23, 9, 40, 5, 17, 31, 12)):
+        ids = rng.integers(5, 100, size=(1, width), dtype=np.int32)
+        mask = np.ones((1, width), np.int32)
+        mask[0, width - k % 3:] = 0  # some right padding inside the request, as the tokenizer pads to buckets
+        requests.append(({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+                         "token_embeddings" if k % 2 else "embeddings"))
+    session = ort.InferenceSession(str(repository / "m_onnx" / "1" / "model.onnx"))
+    want = [session.run([name], feed)[0] for feed, name in requests]
+
+    def infer(url: str, feed: dict[str, np.ndarray], name: str) -> np.ndarray:
+        inputs = []
+        for key, value in feed.items():
+            inputs.append(grpcclient.InferInput(key, list(value.shape), "INT32"))
+            inputs[-1].set_data_from_numpy(value)
+        result = grpcclient.InferenceServerClient(url).infer("m_onnx", inputs,
+                                                             outputs=[grpcclient.InferRequestedOutput(name)])
+        assert result.as_numpy("embeddings" if name == "token_embeddings" else "token_embeddings") is None
+        return result.as_numpy(name)
+
+    with TritonServer(repository, log_path=tmp_path / "triton.log") as server:
+        before = _step_counts(server.grpc_url)[1]
+        with ThreadPoolExecutor(len(requests)) as pool:
+            got = list(pool.map(lambda r: infer(server.grpc_url, *r), requests))
+        executions = _step_counts(server.grpc_url)[1] - before
+    assert executions == 1  # merged
+    for (feed, name), g, w in zip(requests, got, want):
+        assert g.shape == w.shape, name
+        if name == "token_embeddings":  # the request's own tokens; its padding positions are anyone's
+            real = feed["attention_mask"][0].astype(bool)
+            g, w = g[0][real], w[0][real]
+        np.testing.assert_allclose(g, w, atol=1e-5)

@@ -85,7 +85,7 @@ ERRORS: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "score label on classify": ("nli", "classify", {"score_label": "0"}, "--score-label is for --task rerank only"),
     "pairs on embed": ("st", "embed", {"pairs": True}, "--pairs is for --task classify"),
     "rerank without pairs": ("ce", "rerank", {"pairs": False}, "always takes text pairs"),
-    "prompts on classify": ("nli", "classify", {"prompts": {"q": "q: "}}, "--prompt is for --task embed only"),
+    "prompts on classify": ("nli", "classify", {"prompts": {"q": "q: "}}, "--prompt is for --task embed or sparse-embed only"),
     "default prompt on rerank": ("ce", "rerank", {"default_prompt_name": "q"}, "--default-prompt-name is for --task embed"),
     "matryoshka on classify": ("nli", "classify", {"matryoshka_dims": "8"}, "--matryoshka-dims is for --task embed"),
     "unknown default prompt": ("st", "embed", {"default_prompt_name": "doc"},
@@ -122,7 +122,11 @@ def test_pooling_the_export_cannot_do_is_a_build_error(case: str, dirs: dict[str
     variant = _pooling_variant(dirs["st"], tmp_path, config, modules)
     with pytest.raises(BuildError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _resolve(variant, "embed")
-    assert _resolve(variant, "embed", pooling="mean").pooling == "mean"  # --pooling still wins
+    if modules is None:
+        assert _resolve(variant, "embed", pooling="mean").pooling == "mean"  # --pooling still wins
+    else:  # a module the export cannot run is never approximated, whatever --pooling says (issue 23)
+        with pytest.raises(BuildError, match="module"):
+            _resolve(variant, "embed", pooling="mean")
 
 
 def test_cli_options_parse() -> None:

@@ -222,7 +222,17 @@ def test_gateway_settings_are_real_and_documented(name: str, monkeypatch: pytest
     if REPOSITORY_OVERLAYS[name] == "pvc":
         triton_env = container_env(triton, objects)
         assert settings.repository == triton_env["MODEL_REPOSITORY"]  # Triton's repository, the same files
-    assert settings.workers == int(find(objects, "ConfigMap", "bert-triton-gateway")["data"]["GATEWAY_WORKERS"])
+    assert str(settings.workers) == find(objects, "ConfigMap", "bert-triton-gateway")["data"]["GATEWAY_WORKERS"]
+
+
+def gateway_workers(objects: list[dict[str, Any]], value: str) -> int:
+    """The gateway's worker count in the pod: GATEWAY_WORKERS, or for `auto` its container's CPU limit (the
+    gateway's own quota, gateway/settings.py auto_workers), at most 8."""
+    if value != "auto":
+        return int(value)
+    limit = container(pod_spec(objects), "gateway")["resources"]["limits"]["cpu"]
+    cpus = int(limit[:-1]) / 1000 if str(limit).endswith("m") else float(limit)
+    return max(1, min(8, int(cpus)))
 
 
 def region_bytes(max_batch: int, max_seq_len: int, width: int, bytes_per_token: int) -> int:
@@ -237,7 +247,8 @@ def test_shm_size_holds_the_gateway_regions(name: str) -> None:
     batch 64), plus Docker's default 64 MiB for the python backend's own tensors."""
     objects = overlay(name)
     settings = find(objects, "ConfigMap", "bert-triton-gateway")["data"]
-    per_token, pool, workers = (int(settings[k]) for k in ("GATEWAY_SHM_BYTES_PER_TOKEN", "GATEWAY_SHM_POOL_SIZE", "GATEWAY_WORKERS"))
+    per_token, pool = (int(settings[k]) for k in ("GATEWAY_SHM_BYTES_PER_TOKEN", "GATEWAY_SHM_POOL_SIZE"))
+    workers = gateway_workers(objects, settings["GATEWAY_WORKERS"])
     models = region_bytes(64, 300, 3, per_token) + region_bytes(64, 512, 768, per_token)
     needed = models * pool * workers + 64 * 2**20
     (dshm,) = [v for v in pod_spec(objects)["volumes"] if v["name"] == "dshm"]

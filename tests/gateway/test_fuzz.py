@@ -42,6 +42,9 @@ OPERATIONS = {
     "POST /v1/rerank",
     "POST /tokenize",
     "POST /decode",
+    "POST /embed_sparse",
+    "POST /embed_all",
+    "POST /embed_multi_vector",
     "GET /v1/models/{model_id}",
     "GET /admin/models",
     "GET /admin/models/{name}",
@@ -66,9 +69,11 @@ ADMIN = {label for label in OPERATIONS if " /admin/" in label}
 # (no GATEWAY_ADMIN_KEYS: 404; fuzzing them with a key would unload the shared server's models):
 # tests/gateway/test_admin.py covers them.
 # /tei/{model}: predict and rerank answer 424 on the fake embedder, tokenize and decode as above.
+# The fake models have no sparse or per-token outputs (424; tests/gateway/test_long_sparse_vectors.py serves them).
 NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /decode", "GET /v1/models/{model_id}",
                    *ADMIN, "POST /tei/{model}/predict", "POST /tei/{model}/rerank", "POST /tei/{model}/tokenize",
-                   "POST /tei/{model}/decode", "POST /v2/rerank"}
+                   "POST /tei/{model}/decode", "POST /v2/rerank",
+                   "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector"}
 MAX_EXAMPLES = 50  # per operation and generation mode, on top of the schema's examples and the coverage phase
 # Every error type a 4xx may carry; gateway/README.md's error table documents each.
 ERROR_TYPES_4XX = {
@@ -77,6 +82,7 @@ ERROR_TYPES_4XX = {
     "body_too_large", "too_many_inputs", "input_too_long", "unsupported_media_type", "validation_error",
     "rate_limited", "pairs_required", "pairs_not_supported", "unknown_prompt", "invalid_token_id",
     "token_input_unsupported", "prompt_with_token_input", "forbidden", "empty_input", "unsupported_option",
+    "sparse_not_supported", "output_not_available",
 }
 TEI_ERROR_TYPES = {"Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"}
 CONFIG = {

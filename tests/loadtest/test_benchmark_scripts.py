@@ -58,3 +58,28 @@ def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: 
     assert batching["batches"] > 0 and batching["padding_ratio"] >= 1.0 and batching["triton_executions"] > 0
     assert record["settings"]["step_alone"]["median_ms"] > 0
     assert (tmp_path / "t-7-peers" / "peers.png").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_modernbert_attention_smoke_compares_fused_and_plain_exports(tmp_path: Path) -> None:
+    """The H100 command of issue 23 (loadtest/device/README.md), here with --smoke (tiny model, CPU)."""
+    run_module("loadtest.modernbert_attention", "--smoke", "--name", "t", "--out", str(tmp_path),
+               "--work", str(tmp_path / "work"))
+    record = json.loads((tmp_path / "t-modernbert-attention" / "results.json").read_text())
+    fused = record["fused_ops"]["builder: fused MultiHeadAttention"]
+    assert fused["MultiHeadAttention"] == 3 and "MultiHeadAttention" not in record["fused_ops"]["plain export: unfused"]
+    assert {(r["variant"], r["shape"]) for r in record["rows"]} == {
+        (v, s) for v in record["fused_ops"] for s in ("1x96", "2x200")}
+    assert all(r["error"] is None and r["min_cosine_vs_fp32"] > 0.9999 for r in record["rows"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_long_context_load_measures_every_variant(tmp_path: Path) -> None:
+    """loadtest.long_context_load end to end (slow: builds and loads an 8k model twice, ~25 s here):
+    `pytest -m slow tests/loadtest/test_benchmark_scripts.py -k long_context`."""
+    run_module("loadtest.long_context_load", "--rounds", "1", "--models", "modernbert-8k", "--variants",
+               "warm-up bounded,after", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=900)
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["warm-up bounded", "after"]
+    assert all(r["load_s"] > 0 and r["peak_rss_gib"] > 0 for r in rows)

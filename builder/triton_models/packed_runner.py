@@ -1,0 +1,153 @@
+"""The python runner of a `layout: packed` model step (docs/contract.md "Packed model steps").
+
+Its graph (builder/packing.py) takes rows back to back: input_ids and token_type_ids [T], cu_seqlens
+[rows + 1], max_seqlen [1]. A request is one of two kinds (Triton batches the two apart: their sets of
+inputs differ, and the step has optional inputs):
+- padded ([rows, width] input_ids, attention_mask, token_type_ids; the ensembles send these): packed
+  here on the host from the attention mask;
+- packed (input_ids, token_type_ids [1, T]; cu_seqlens [1, rows + 1]; the gateway's scheduler).
+Each request is checked on its own first (packing.py, the repository copy of contract/packing.py):
+one that breaks the contract gets an error response naming what is wrong, before anything runs, and
+the others still run. The rows of every valid request are merged in arrival order and cut into runs
+of at most `max_batch_tokens` real tokens (no padding, so no sorting by length); each run gets its
+own max_seqlen; the output rows go back to their requests, [rows, out] each. Per-token outputs (embed
+models: token_embeddings, ...) go back as [T, ...] to a packed request (its tokens back to back) and as
+[rows, width, ...] to a padded one (each row's tokens, then zeros), as a padded step returns them.
+"""
+
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from packing import (
+    CU_SEQLENS,
+    INPUT_IDS,
+    TOKEN_TYPE_IDS,
+    PackedRows,
+    PackingError,
+    check_ids,
+    concat,
+    cu_seqlens_of,
+    cut_runs,
+    pack_padded,
+    packed_request,
+)
+
+ATTENTION_MASK = "attention_mask"  # a padded request's; the packed layout's names come from packing.py
+WARMUP_SHORT_TOKENS = 16
+MAX_ERROR_CHARS = 500
+
+
+def _error_response(message, code="INVALID_ARG"):
+    """An error response; the TritonError codes exist from Triton 23.x on and are looked up when the stub runs."""
+    value = getattr(pb_utils.TritonError, code, None)
+    message = message[:MAX_ERROR_CHARS]
+    error = pb_utils.TritonError(message) if value is None else pb_utils.TritonError(message, value)
+    return pb_utils.InferenceResponse(error=error)
+
+
+def _tensor(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+class PackedSteps:
+    """execute(requests) -> responses for a packed graph run by one onnxruntime session. `outputs`: the graph's
+    per-row output (pooled embeddings, logits) first, then its per-token outputs ([T, ...] in the graph)."""
+
+    def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None)):
+        self.session, self.outputs = session, list(outputs)
+        self.max_tokens, self.max_seq_len = max_tokens, max_seq_len
+        self.vocab_sizes = vocab_sizes  # (token ids, token types) the embedding tables hold; None = unchecked
+
+    def rows_of(self, request):
+        """(the request's rows in the packed layout, checked; its padded width, None for a packed request), or
+        PackingError."""
+        ids, mask, types, cu = (_tensor(request, n) for n in (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS))
+        if (mask is None) == (cu is None):
+            raise PackingError("a request carries exactly one of attention_mask (padded rows) and cu_seqlens "
+                               "(packed rows)")
+        if cu is not None:
+            rows, width = packed_request(ids, types, cu, self.max_seq_len), None
+        else:
+            rows, width = pack_padded(ids, mask, types, self.max_seq_len), ids.shape[1]
+        check_ids(rows, *self.vocab_sizes)
+        return rows, width
+
+    def _requested(self, request):
+        names = [n for n in request.requested_output_names() if n in self.outputs]
+        return names or self.outputs[:1]
+
+    def __call__(self, requests):
+        responses = [None] * len(requests)
+        parts = []  # (request index, rows, padded width or None, outputs it asked for)
+        for index, request in enumerate(requests):
+            try:
+                rows, width = self.rows_of(request)
+            except PackingError as exc:
+                responses[index] = _error_response(str(exc))
+                continue
+            parts.append((index, rows, width, self._requested(request)))
+        if not parts:
+            return responses
+        batch = concat([rows for _, rows, _, _ in parts])
+        names = [n for n in self.outputs if any(n in wanted for *_, wanted in parts)]
+        owner_of_row = np.repeat(np.arange(len(parts)), [rows.rows for _, rows, _, _ in parts])
+        merged, failed = {}, {}
+        for start, stop in cut_runs(batch.lengths, self.max_tokens):
+            try:
+                outs = self.session.run(names, batch.slice_rows(start, stop).feed())
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                for part in set(owner_of_row[start:stop].tolist()):
+                    failed.setdefault(part, f"onnxruntime failed on the rows of this request: {reason}")
+                continue
+            first, last = int(batch.cu_seqlens[start]), int(batch.cu_seqlens[stop])
+            for name, out in zip(names, outs):  # per-row outputs by row, per-token ones by token
+                per_row = name == self.outputs[0]
+                low, high = (start, stop) if per_row else (first, last)
+                if name not in merged:
+                    merged[name] = np.empty((batch.rows if per_row else batch.tokens, *out.shape[1:]), np.float32)
+                merged[name][low:high] = out
+        row = 0
+        for part, (index, rows, width, wanted) in enumerate(parts):
+            if part in failed:
+                responses[index] = _error_response(failed[part], "INTERNAL")
+            else:
+                tensors = [pb_utils.Tensor(n, self._output(n, merged[n], batch, row, rows, width)) for n in wanted]
+                responses[index] = pb_utils.InferenceResponse(tensors)
+            row += rows.rows
+        return responses
+
+    def _output(self, name, values, batch, row, rows, width):
+        """A request's part of a merged output: its rows of the per-row output; of a per-token one its tokens,
+        [T, ...] back to back for a packed request, [rows, width, ...] (zeros after each row) for a padded one."""
+        if name == self.outputs[0]:
+            return np.ascontiguousarray(values[row:row + rows.rows])
+        first = int(batch.cu_seqlens[row])
+        tokens = values[first:first + rows.tokens]
+        if width is None:
+            return np.ascontiguousarray(tokens)
+        out = np.zeros((rows.rows, width, *tokens.shape[1:]), np.float32)
+        for k, (start, stop) in enumerate(zip(rows.cu_seqlens[:-1], rows.cu_seqlens[1:])):
+            out[k, :stop - start] = tokens[start:stop]
+        return out
+
+    def warm_up(self, gpu):
+        """Run a few token counts once, bounded by the token budget: a short row; on a GPU also the budget in rows
+        of max_seq_len (the largest attention) and in short rows (the largest mean-pooling matrix). Unlike padded
+        shapes, a new token count costs the packed graph little on the CUDA provider (measured in
+        loadtest/packed_step.py), so these allocate memory rather than cover every shape."""
+        longest = self.max_seq_len or WARMUP_SHORT_TOKENS
+        sizes = [(1, min(WARMUP_SHORT_TOKENS, longest))]
+        if gpu:
+            sizes += [(max(1, self.max_tokens // longest), longest),
+                      (max(1, self.max_tokens // WARMUP_SHORT_TOKENS), min(WARMUP_SHORT_TOKENS, longest))]
+        start = time.perf_counter()
+        for rows, length in sizes:
+            tokens = rows * length
+            ids = np.zeros(tokens, np.int32)  # id 0 exists in every vocabulary
+            feed = PackedRows(ids, np.zeros_like(ids), cu_seqlens_of([length] * rows))
+            for first, stop in cut_runs(feed.lengths, self.max_tokens):
+                self.session.run(self.outputs, feed.slice_rows(first, stop).feed())
+        return f"packed layout, {len(sizes)} warm-up runs in {time.perf_counter() - start:.1f}s"

@@ -1,0 +1,118 @@
+"""The inference routes without FastAPI's per-request machinery (an ASGI layer in front of the router).
+
+A POST to a route of the routers given (each handler `async def route(body: Model, request) -> Response`,
+at a fixed path) is served here: the JSON check, one parse of the body (orjson), the model's
+validation, the handler, its response. That is the work FastAPI does for these routes, less its
+routing, dependency solving and per-request wrappers, which cost about a quarter of a worker's CPU
+per single-text request (loadtest/results). FastAPI keeps the same routes: they document the API
+(OpenAPI, /docs) and serve every other method. Errors are the ones FastAPI's path gives, word
+for word (api/errors.py formats both).
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.errors import gateway_error_response, unparsable_body_response, validation_error_response
+from gateway.api.routes import json_media_error
+from gateway import tracing
+from gateway.errors import GatewayError
+
+Handler = Callable[[Any, Request], Awaitable[Response]]
+
+
+HotRoute = tuple[APIRoute, type[BaseModel], Handler, bool]
+
+
+def hot_routes(routers: Iterable[APIRouter]) -> dict[str, HotRoute]:
+    """path -> (route, body model, handler, JSON check) of every POST route at a fixed path whose handler
+    takes exactly (body, request)."""
+    table: dict[str, HotRoute] = {}
+    for router in routers:
+        for route in router.routes:
+            if not (isinstance(route, APIRoute) and route.methods == {"POST"} and not route.param_convertors):
+                continue
+            hints = typing.get_type_hints(route.endpoint)
+            params = [name for name in hints if name != "return"]
+            body = hints.get(params[0]) if params else None
+            if len(params) == 2 and hints[params[1]] is Request and isinstance(body, type) and issubclass(body, BaseModel):
+                json_check = any(getattr(d.dependency, "__name__", "") == "require_json" for d in route.dependencies)
+                table[route.path] = (route, body, route.endpoint, json_check)
+    return table
+
+
+class HotRoutes:
+    """Serves the routes of `hot_routes` directly; everything else goes on to the app."""
+
+    def __init__(self, app: ASGIApp, routes: dict[str, HotRoute]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        entry = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if entry is None:
+            await self.app(scope, receive, send)
+            return
+        route, model, handler, json_check = entry
+        scope["route"] = route  # what routing sets: the access log and metrics name the route by it
+        tracing.route_selected("POST", route.path)
+        try:
+            if json_check and (media := json_media_error(_content_type(scope))) is not None:
+                raise media
+            parsed = _parse(await _read_body(receive), model)
+            if isinstance(parsed, BaseModel):
+                response = await handler(parsed, Request(scope, receive))
+            else:
+                response = parsed
+        except GatewayError as exc:
+            response = gateway_error_response(exc)
+        await response(scope, receive, send)
+
+
+def _content_type(scope: Scope) -> str:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"), "")
+
+
+def _parse(body: bytes, model: type[BaseModel]) -> BaseModel | Response:
+    """The body as `model`, or the error response FastAPI's path gives for it."""
+    if not body:
+        return validation_error_response([{"type": "missing", "loc": (), "msg": "Field required"}])
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:  # what FastAPI (json.loads) makes of it: some bodies orjson refuses are JSON to it
+            data = json.loads(body)
+        except json.JSONDecodeError:
+            return validation_error_response([{"type": "json_invalid", "loc": (), "msg": "JSON decode error"}])
+        except Exception as exc:  # noqa: BLE001 - FastAPI answers any other parse failure with a 400
+            return unparsable_body_response(exc)
+    if not isinstance(data, dict):
+        return validation_error_response([{"type": "model_attributes_type", "loc": (),
+                                           "msg": "Input should be a valid dictionary or object to extract fields "
+                                                  "from"}])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        return validation_error_response(exc.errors(include_url=False))
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message: Message = await receive()
+        if message["type"] != "http.request":
+            return b""  # the client left; nobody reads the answer
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)

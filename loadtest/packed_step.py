@@ -1,0 +1,446 @@
+"""The packed model step against the padded one, on the same batches of the loadtest corpus (issue 20).
+
+    python -m loadtest.packed_step --name h100 [--shape base] [--out DIR]     # the GPU host (CUDA provider)
+    python -m loadtest.packed_step --smoke --out /tmp/ps                      # here: tiny model, CPU, seconds
+
+Builds a random BERT embedder of `--shape` (loadtest.models) with the real builder, as GPU steps
+(`--runtime python --device gpu`): `--layout packed` (fp16, PackedMultiHeadAttention: FlashAttention varlen
+on SM90), `--layout padded` (fp16, fused Attention) and `--layout packed --onnx-precision fp32` (onnxruntime's
+unfused attention path, which reads the graph's token_offset). The builder's parity gate runs on each, on
+the GPU when onnxruntime-gpu is importable. A third graph is the packed rewrite of the padded build's Attention
+fusion (PackedAttention: CUTLASS memory-efficient attention on SM90, TensorRT fused kernels on SM 70-89).
+
+Batch sets drawn from the loadtest corpus (tokenized with the model's tokenizer, at most 512 tokens):
+random draws of 32 and of 128 texts, and length-sorted runs of 32. The padded graph gets each batch padded
+to the declared width above its longest row (contract/batching.py default_widths), as a padded GPU step
+runs; the packed graphs get the rows back to back (contract/packing.py), max_seqlen = the longest row.
+Per graph, in a child process of `--ort-python` (onnxruntime's CUDA provider; `run` with numpy inputs and
+outputs, as the python runner calls it): median ms per batch, real tokens/s, computed/real tokens, min
+cosine per row vs PyTorch fp32 on the first batches of every set (gate 0.9999), nodes per execution
+provider and Memcpy nodes of one profiled run, and the first-run cost of never-seen shapes (new token
+counts T for the packed graphs, new (rows, width) for the padded one) in a fresh session. PyTorch runs
+HF SDPA fp16 padded to each batch's longest row, and the packed PyTorch forward with varlen attention
+(loadtest/packed_torch.py), as references. `--smoke`: tiny model, CPU provider, builds for --device cpu
+(the packed graph's CPU form), texts cut to 64 tokens, one batch per set: it checks the plumbing, its numbers
+mean nothing.
+Results: OUT/<name>-packed-step/results.json and summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from contract.batching import Shapes, default_widths
+from contract.packing import from_rows
+
+SETS = ("random32", "random128", "sorted32")
+GATE = 0.9999
+# builder padded (fp16), builder packed (fp16), builder packed fp32 (onnxruntime's unfused CUDA path, the one that
+# reads token_offset: its parity matters), the PackedAttention rewrite of the padded graph (fp16)
+GRAPHS = ("padded", "packed", "packed_fp32", "packed_attention")
+
+
+# ---- batches ---------------------------------------------------------------------------------------------
+
+def draw_batches(lengths: list[int], draws: int, seed: int = 1) -> dict[str, list[list[int]]]:
+    """Text indices of each batch set: random draws of 32 and 128, and length-sorted runs of 32 spread over the
+    length distribution."""
+    rng = np.random.default_rng(seed)
+    n = len(lengths)
+    sets = {f"random{rows}": [rng.choice(n, min(rows, n), replace=False).tolist() for _ in range(draws)]
+            for rows in (32, 128)}
+    order = np.argsort(lengths, kind="stable")
+    starts = np.linspace(0, max(0, n - 32), draws).astype(int)
+    sets["sorted32"] = [order[s:s + 32].tolist() for s in starts]
+    return sets
+
+
+def padded_feed(rows: list[np.ndarray], widths: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The batch padded to the declared width above its longest row (how a padded GPU step runs it)."""
+    width = Shapes(widths[-1], widths).width(max(map(len, rows)))
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, :len(row)], mask[r, :len(row)] = row, 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def packed_feed(rows: list[np.ndarray]) -> dict[str, np.ndarray]:
+    return from_rows(rows).feed()
+
+
+# ---- onnxruntime (child process) -------------------------------------------------------------------------
+
+def placement(profile: str) -> dict[str, Any]:
+    """Nodes per execution provider, Memcpy nodes and the op types on the CPU, from one profiled run."""
+    per_provider: dict[str, int] = {}
+    memcpy: dict[str, int] = {}
+    cpu_ops: set[str] = set()
+    for event in json.loads(Path(profile).read_text()):
+        args = event.get("args", {})
+        if event.get("cat") != "Node" or "provider" not in args or not event["name"].endswith("_kernel_time"):
+            continue
+        per_provider[args["provider"]] = per_provider.get(args["provider"], 0) + 1
+        op = args.get("op_name", "")
+        if op.startswith("Memcpy"):
+            memcpy[op] = memcpy.get(op, 0) + 1
+        if args["provider"] == "CPUExecutionProvider" and op:
+            cpu_ops.add(op)
+    return {"nodes_per_provider": per_provider, "memcpy": memcpy, "cpu_ops": sorted(cpu_ops)}
+
+
+def _cosine_min(got: np.ndarray, want: np.ndarray) -> float:
+    a, b = got.astype(np.float64), want.astype(np.float64)
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
+def _first_output(session: Any) -> list[str]:
+    """The per-row output alone (embeddings): what the runner asks for on /embed; an embed graph's per-token
+    outputs ([T, hidden] packed, [rows, width, hidden] padded) would add their copies to the host."""
+    return [session.get_outputs()[0].name]
+
+
+def _time_set(session: Any, feeds: list[dict[str, np.ndarray]], rounds: int) -> list[float]:
+    """Median seconds of each feed over `rounds` passes (every feed run once before: shapes warm)."""
+    for feed in feeds:
+        session.run(_first_output(session), feed)
+    samples = [[0.0] * rounds for _ in feeds]
+    for r in range(rounds):
+        for i, feed in enumerate(feeds):
+            start = time.perf_counter()
+            session.run(_first_output(session), feed)
+            samples[i][r] = time.perf_counter() - start
+    return [float(np.median(s)) for s in samples]
+
+
+def cold_shapes(path: str, providers: list[str], texts: list[np.ndarray], packed: bool, widths: tuple[int, ...]
+                ) -> list[dict[str, Any]]:
+    """First and second run of never-seen shapes in a fresh session (after one warm-up run)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(path, providers=providers)
+    longest = widths[-1]
+    shapes = ((8, 64), (8, 64), (16, 64), (31, 128), (32, 128), (64, 256), (96, longest))
+    out = []
+    for rows, width in dict.fromkeys((rows, min(width, longest)) for rows, width in shapes):
+        chosen = [np.resize(texts[i % len(texts)], width) for i in range(rows)]
+        feed = packed_feed(chosen) if packed else padded_feed(chosen, widths)
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            session.run(_first_output(session), feed)
+            times.append((time.perf_counter() - start) * 1e3)
+        out.append({"rows": rows, "width": width, "tokens": rows * width, "first_ms": round(times[0], 2),
+                    "second_ms": round(times[1], 2)})
+    return out
+
+
+def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every graph of `spec` on every batch set: parity, placement, latency, cold shapes."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    work = Path(spec["work"])
+    texts = list(np.load(work / "texts.npz").values())
+    refs = dict(np.load(work / "reference_fp32.npz"))
+    sets = spec["sets"]
+    widths = tuple(spec["widths"])
+    cuda = spec["device"] == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers()
+    if spec["device"] == "gpu" and not cuda:
+        raise SystemExit(f"onnxruntime {ort.__version__} has no CUDA provider here (put onnxruntime-gpu on "
+                         "PYTHONPATH, e.g. $ORT_GPU_PATH, or pass --ort-python)")
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+    result: dict[str, Any] = {"onnxruntime": ort.__version__, "providers": providers, "graphs": {}}
+    for name, path in spec["graphs"].items():
+        packed = name != "padded"
+        entry: dict[str, Any] = result["graphs"].setdefault(name, {})
+
+        def feed(members: list[int], packed: bool = packed) -> dict[str, np.ndarray]:
+            rows = [texts[i] for i in members]
+            return packed_feed(rows) if packed else padded_feed(rows, widths)
+
+        started = time.perf_counter()
+        session = ort.InferenceSession(path, providers=providers)
+        entry["load_s"] = round(time.perf_counter() - started, 2)
+        profiled = ort.SessionOptions()
+        profiled.enable_profiling = True
+        profiled.profile_file_prefix = str(work / f"profile_{name}")
+        profiler = ort.InferenceSession(path, profiled, providers=providers)
+        profiler.run(_first_output(profiler), feed(sets["random32"][0]))
+        entry["placement"] = placement(profiler.end_profiling())
+        del profiler
+        cosines = {}
+        for key, want in refs.items():
+            set_name, index = key.rsplit("_", 1)
+            members = sets[set_name][int(index)]
+            cosines[key] = _cosine_min(session.run(_first_output(session), feed(members))[0][:len(members)], want)
+        entry["min_cosine"] = min(cosines.values())
+        entry["parity_passed"] = entry["min_cosine"] >= GATE
+        for set_name, batches in sets.items():
+            feeds = [feed(m) for m in batches]
+            seconds = _time_set(session, feeds, spec["rounds"])
+            real = [sum(len(texts[i]) for i in m) for m in batches]
+            computed = [int(f["input_ids"].size) for f in feeds]
+            entry[set_name] = {"ms_per_batch": round(float(np.median(seconds)) * 1e3, 3),
+                               "real_tokens_per_s": round(sum(real) / sum(seconds)),
+                               "computed_per_real": round(sum(computed) / sum(real), 3),
+                               "rows": len(batches[0]), "batches": len(batches)}
+        del session
+        entry["cold"] = cold_shapes(path, providers, texts, packed, widths)
+        print(f"onnxruntime {name}: {json.dumps({k: v for k, v in entry.items() if k != 'cold'})}", flush=True)
+    return result
+
+
+# ---- build and PyTorch (parent process) ------------------------------------------------------------------
+
+def build_graphs(model_dir: Path, work: Path, device: str, max_seq_len: int) -> dict[str, Any]:
+    """The builder's packed and padded GPU (or, --smoke, CPU) steps, and the PackedAttention rewrite of the padded
+    build's graph: name -> {path, fused ops, the builder's parity}. The builder runs in a process of its own:
+    its parity opens onnxruntime CUDA sessions, and this process keeps the GPU for PyTorch."""
+    import onnx
+
+    from builder.manifest import read_manifest
+    from builder.optimize import FUSED_OPS, onnx_op_counts, save_onnx
+    from builder.packing import packed_model
+    from transformers import AutoConfig
+
+    repository = work / "repository"
+    spec = {"defaults": {"model": str(model_dir), "task": "embed", "runtime": "python", "device": device,
+                         "formats": "onnx", "max_seq_len": max_seq_len, "max_batch_size": 128, "warmup": False},
+            "models": [{"name": "packed", "layout": "packed"}, {"name": "padded", "layout": "padded"},
+                       {"name": "packed_fp32", "layout": "packed", "onnx_precision": "fp32"}]}
+    (work / "models.yaml").write_text(json.dumps(spec))  # JSON is YAML
+    subprocess.run([sys.executable, "-m", "builder", "build", "--spec", str(work / "models.yaml"), "--repository",
+                    str(repository)], check=True, env=os.environ.copy())
+    graphs: dict[str, Any] = {}
+    for name in ("packed", "padded", "packed_fp32"):
+        manifest = read_manifest(repository / f"{name}_onnx")
+        assert manifest is not None
+        graphs[name] = {"path": str(repository / f"{name}_onnx" / "1" / "model.onnx"), "fused": manifest.onnx.fused_ops,
+                        "precision": manifest.onnx.precision,
+                        "builder_parity": [p.model_dump(mode="json") for p in manifest.parity]}
+    config = AutoConfig.from_pretrained(model_dir)
+    target = work / "packed_attention" / "model.onnx"
+    target.parent.mkdir(parents=True)
+    save_onnx(packed_model(onnx.load(graphs["padded"]["path"]), task="embed", pooling="mean",
+                           num_heads=config.num_attention_heads, hidden_size=config.hidden_size,
+                           form="gpu" if device == "gpu" else "cpu"), target)
+    counts = onnx_op_counts(target)
+    graphs["packed_attention"] = {"path": str(target), "fused": {op: counts[op] for op in FUSED_OPS if op in counts},
+                                  "precision": graphs["padded"]["precision"], "builder_parity": []}
+    return graphs
+
+
+def torch_peers(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[list[int]]], refs: dict[str, np.ndarray],
+                rounds: int, device: str) -> dict[str, Any]:
+    """HF SDPA fp16 padded to each batch's longest row, and the packed PyTorch forward (varlen attention on CUDA,
+    one SDPA per row on CPU): same batches, same measures (numpy in, numpy out, synchronized)."""
+    import torch
+    from transformers import AutoModel
+
+    from builder.export import RepositoryModel
+    from loadtest.packed_torch import ATTENTIONS, packed_output
+
+    cuda = device == "gpu" and torch.cuda.is_available()
+    dev, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
+    sdpa = RepositoryModel(AutoModel.from_pretrained(model_dir, attn_implementation="sdpa", dtype=dtype).to(dev).eval(),
+                           "embed", "mean").eval()
+    eager = RepositoryModel(AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=dtype).to(dev)
+                            .eval(), "embed", "mean").eval()
+    attention = ATTENTIONS["varlen" if cuda else "loop"]
+
+    def run_sdpa(members: list[int]) -> np.ndarray:
+        rows = [texts[i] for i in members]
+        feed = padded_feed(rows, (max(map(len, rows)),))
+        with torch.inference_mode():
+            return sdpa(*(torch.from_numpy(feed[k]).to(dev) for k in ("input_ids", "attention_mask",
+                                                                     "token_type_ids"))).float().cpu().numpy()
+
+    def run_packed(members: list[int]) -> np.ndarray:
+        feed = packed_feed([texts[i] for i in members])
+        args = [torch.from_numpy(feed[k]).to(dev) for k in ("input_ids", "token_type_ids", "cu_seqlens")]
+        return packed_output(eager, *args, int(feed["max_seqlen"][0]), attention).float().cpu().numpy()
+
+    peers: dict[str, Any] = {"torch": f"{torch.__version__} {dev} {str(dtype).removeprefix('torch.')}"}
+    for label, run in (("torch_sdpa_padded", run_sdpa), ("torch_packed_varlen", run_packed)):
+        entry: dict[str, Any] = {}
+        try:
+            entry["min_cosine"] = min(_cosine_min(run(sets[k.rsplit("_", 1)[0]][int(k.rsplit("_", 1)[1])]), want)
+                                      for k, want in refs.items())
+            for set_name, batches in sets.items():
+                for members in batches:
+                    run(members)
+                seconds = []
+                for members in batches:
+                    samples = []
+                    for _ in range(rounds):
+                        if cuda:
+                            torch.cuda.synchronize()
+                        start = time.perf_counter()
+                        run(members)
+                        samples.append(time.perf_counter() - start)
+                    seconds.append(float(np.median(samples)))
+                real = sum(len(texts[i]) for m in batches for i in m)
+                entry[set_name] = {"ms_per_batch": round(float(np.median(seconds)) * 1e3, 3),
+                                   "real_tokens_per_s": round(real / sum(seconds))}
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot run (e.g. no varlen_attn) is reported, not fatal
+            entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        peers[label] = entry
+        print(f"{label}: {json.dumps(entry)}", flush=True)
+    return peers
+
+
+def references(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[list[int]]], device: str,
+               per_set: int = 3) -> dict[str, np.ndarray]:
+    """PyTorch fp32 (eager, padded to the longest row) outputs of the first batches of every set."""
+    import torch
+    from transformers import AutoModel
+
+    from builder.export import RepositoryModel
+
+    dev = "cuda" if device == "gpu" and torch.cuda.is_available() else "cpu"
+    model = RepositoryModel(AutoModel.from_pretrained(model_dir, attn_implementation="eager",
+                                                      dtype=torch.float32).to(dev).eval(), "embed", "mean").eval()
+    refs = {}
+    for set_name, batches in sets.items():
+        for index, members in enumerate(batches[:per_set]):
+            rows = [texts[i] for i in members]
+            feed = padded_feed(rows, (max(map(len, rows)),))
+            with torch.inference_mode():
+                refs[f"{set_name}_{index}"] = model(*(torch.from_numpy(feed[k]).to(dev) for k in
+                                                      ("input_ids", "attention_mask", "token_type_ids"))).cpu().numpy()
+    return refs
+
+
+# ---- report ----------------------------------------------------------------------------------------------
+
+def summarize(record: dict[str, Any]) -> str:
+    ort_graphs = record["onnxruntime"]["graphs"]
+    lines = [f"# {record['name']}", "", f"- machine: {record['machine'].get('gpu') or 'no GPU'}; "
+             f"{record['machine'].get('cpu')}; {record['machine'].get('measured_at')}",
+             f"- onnxruntime {record['onnxruntime']['onnxruntime']} {record['onnxruntime']['providers']}; "
+             f"torch {record['torch'].get('torch')}; bert shape `{record['shape']}`; {record['texts']} corpus texts; "
+             f"median of {record['rounds']} runs per batch", "",
+             "| graph | batches | ms/batch | real tokens/s | computed/real | speedup vs padded |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for set_name in SETS:
+        base = ort_graphs.get("padded", {}).get(set_name, {}).get("real_tokens_per_s")
+        for name in GRAPHS:
+            row = ort_graphs.get(name, {}).get(set_name)
+            if row:
+                speedup = f"{row['real_tokens_per_s'] / base:.2f}x" if base else "-"
+                lines.append(f"| {name} | {set_name} | {row['ms_per_batch']:.2f} | {row['real_tokens_per_s']:,} | "
+                             f"{row['computed_per_real']:.2f} | {speedup} |")
+        for name in ("torch_sdpa_padded", "torch_packed_varlen"):
+            row = record["torch"].get(name, {}).get(set_name)
+            if row:
+                speedup = f"{row['real_tokens_per_s'] / base:.2f}x" if base else "-"
+                lines.append(f"| {name} | {set_name} | {row['ms_per_batch']:.2f} | {row['real_tokens_per_s']:,} | - | "
+                             f"{speedup} |")
+    lines += ["", "| graph | min cosine vs PyTorch fp32 (gate 0.9999) | fused ops | Memcpy nodes | nodes per provider | "
+              "CPU ops |", "| --- | ---: | --- | --- | --- | --- |"]
+    for name in GRAPHS:
+        entry = ort_graphs.get(name, {})
+        if entry:
+            place = entry["placement"]
+            lines.append(f"| {name} ({record['graphs'][name]['precision']}) | {entry['min_cosine']:.7f} "
+                         f"{'ok' if entry['parity_passed'] else 'FAIL'} | "
+                         f"{record['graphs'][name]['fused']} | {place['memcpy'] or 'none'} | "
+                         f"{place['nodes_per_provider']} | {', '.join(place['cpu_ops']) or 'none'} |")
+    for name in ("torch_sdpa_padded", "torch_packed_varlen"):
+        peer = record["torch"].get(name, {})
+        lines.append(f"| {name} | {peer['min_cosine']:.7f} | - | - | - | - |" if "min_cosine" in peer
+                     else f"| {name} | {peer.get('error', '-')} | - | - | - | - |")
+    lines += ["", "Cold shapes (fresh session; first / second run ms):", "",
+              "| graph | " + " | ".join(f"{c['rows']}x{c['width']}" for c in ort_graphs["packed"]["cold"]) + " |",
+              "| --- |" + " ---: |" * len(ort_graphs["packed"]["cold"])]
+    for name in GRAPHS:
+        cold = ort_graphs.get(name, {}).get("cold", [])
+        lines.append(f"| {name} | " + " | ".join(f"{c['first_ms']:.1f} / {c['second_ms']:.1f}" for c in cold) + " |")
+    lines += ["", "The builder's own parity per artifact: " + "; ".join(
+        f"{name}: {p['min_cosine']:.7f} ({'passed' if p['passed'] else 'FAILED'}, {p.get('ran_on') or 'padded run'})"
+        for name in ("packed", "padded", "packed_fp32") for p in record["graphs"][name]["builder_parity"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.packed_step", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default="local")
+    parser.add_argument("--shape", default="base")
+    parser.add_argument("--draws", type=int, default=8, help="batches per set")
+    parser.add_argument("--rounds", type=int, default=10, help="timed runs per batch")
+    parser.add_argument("--corpus-size", type=int, default=4000)
+    parser.add_argument("--ort-python", default=sys.executable, help="python with onnxruntime-gpu importable")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the plumbing in seconds")
+    parser.add_argument("--work", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--ort-child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.ort_child:  # the onnxruntime half, in its own process
+        print("ORT-RESULT " + json.dumps(run_ort(json.loads(args.ort_child.read_text()))), flush=True)
+        return 0
+    if args.smoke:
+        args.shape, args.draws, args.rounds, args.corpus_size = "tiny", 1, 1, 200
+    device = "cpu" if args.smoke else "gpu"
+    from loadtest.corpus import CorpusSpec, make_corpus
+    from loadtest.machine import describe_machine
+    from loadtest.models import SHAPES, make_bert
+    from loadtest.report import RESULTS_DIR
+    from transformers import AutoTokenizer
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="packed-step-"))
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    model_dir = make_bert(work / "model", "embed", args.shape)
+    max_seq_len = 64 if args.smoke else min(512, SHAPES[args.shape].max_positions)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    encoded = tokenizer(make_corpus(CorpusSpec(size=args.corpus_size)), truncation=True, max_length=max_seq_len)
+    texts = [np.asarray(ids, np.int32) for ids in encoded["input_ids"]]
+    np.savez(work / "texts.npz", *texts)
+    sets = draw_batches([len(t) for t in texts], args.draws)
+    log(f"corpus: {len(texts)} texts, {sum(map(len, texts))} tokens; building the packed and padded steps")
+    graphs = build_graphs(model_dir, work, device, max_seq_len)
+    refs = references(model_dir, texts, sets, device)
+    np.savez(work / "reference_fp32.npz", **refs)
+    spec = {"work": str(work), "sets": sets, "rounds": args.rounds, "device": device,
+            "widths": list(default_widths(max_seq_len)), "graphs": {n: g["path"] for n, g in graphs.items()}}
+    (work / "ort_spec.json").write_text(json.dumps(spec))
+    log("onnxruntime: parity, placement, latency, cold shapes")
+    child = subprocess.run([args.ort_python, "-m", "loadtest.packed_step", "--ort-child", str(work / "ort_spec.json")],
+                           capture_output=True, text=True, check=False, env=os.environ.copy())
+    sys.stderr.write(child.stdout[-4000:])
+    line = next((x for x in child.stdout.splitlines() if x.startswith("ORT-RESULT ")), None)
+    if child.returncode != 0 or line is None:
+        raise SystemExit(f"onnxruntime child failed ({child.returncode}): {child.stderr[-3000:]}")
+    ort_result = json.loads(line.removeprefix("ORT-RESULT "))
+    log("PyTorch references")
+    peers = torch_peers(model_dir, texts, sets, refs, args.rounds, device)
+    record = {"name": f"{args.name}-packed-step", "machine": describe_machine().model_dump(), "shape": args.shape,
+              "device": device, "texts": len(texts), "rounds": args.rounds, "draws": args.draws,
+              "graphs": graphs, "onnxruntime": ort_result, "torch": peers, "smoke": args.smoke}
+    out = (args.out or RESULTS_DIR) / record["name"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(record, indent=2))
+    summary = summarize(record)
+    (out / "summary.md").write_text(summary)
+    print(summary, flush=True)
+    failed = [n for n, g in ort_result["graphs"].items() if not g["parity_passed"]]
+    log(f"done; results in {out}" + (f"; PARITY FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
