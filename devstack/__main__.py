@@ -7,11 +7,18 @@ and call http://127.0.0.1:8080/classify. Ctrl-C, SIGTERM or SIGHUP (terminal clo
 When one of the two exits by itself, devstack says which on stderr, stops the other and exits 1.
 Any GATEWAY_* variable in the environment (see .env.example) configures the gateway; the flags
 below override them.
+
+Ports: the gateway listens on --port, else $GATEWAY_PORT, else 8080. Triton's HTTP, gRPC and
+metrics ports are --triton-http-port / --triton-grpc-port / --triton-metrics-port, else
+$TRITON_HTTP_PORT / $TRITON_GRPC_PORT / $TRITON_METRICS_PORT (the names .env.example gives the
+Compose stack's published ports), else free ports (printed at start), e.g.
+    GATEWAY_PORT=9080 TRITON_GRPC_PORT=9001 .venv/bin/python -m devstack
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -22,17 +29,37 @@ from devstack.stack import LocalStack
 DEFAULT_REPOSITORY = Path("model_repository/models")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.2
+DEFAULT_GATEWAY_PORT = 8080
+# TritonServer's port fields and the variables (.env.example's) that set them when no flag does
+TRITON_PORT_VARIABLES = {"http_port": "TRITON_HTTP_PORT", "grpc_port": "TRITON_GRPC_PORT",
+                         "metrics_port": "TRITON_METRICS_PORT"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m devstack", description=__doc__.splitlines()[0])
     parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
                         help=f"model repository (builder output; default {DEFAULT_REPOSITORY}, as compose)")
-    parser.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"gateway port (default $GATEWAY_PORT, else {DEFAULT_GATEWAY_PORT})")
+    for field, variable in TRITON_PORT_VARIABLES.items():
+        parser.add_argument(f"--triton-{field.removesuffix('_port')}-port", dest=f"triton_{field}", type=int,
+                            default=None, help=f"Triton's {field.removesuffix('_port')} port (default ${variable}, "
+                                               "else a free one)")
     parser.add_argument("--workers", type=int, default=None, help="gateway worker processes")
     parser.add_argument("--shm", choices=("system", "cuda", "none"), default=None, help="tensor transport")
     parser.add_argument("--log-dir", type=Path, default=Path(".cache/devstack"), help="log files")
     return parser.parse_args(argv)
+
+
+def ports(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tuple[int, dict[str, int]]:
+    """(the gateway's port, Triton's ports that are set): each flag, else its variable, else the default."""
+    env = os.environ if environ is None else environ
+    gateway = args.port or int(env.get("GATEWAY_PORT") or DEFAULT_GATEWAY_PORT)
+    triton = {}
+    for field, variable in TRITON_PORT_VARIABLES.items():
+        if value := getattr(args, f"triton_{field}") or env.get(variable):
+            triton[field] = int(value)
+    return gateway, triton
 
 
 def stop_on_signals() -> threading.Event:
@@ -55,8 +82,10 @@ def serve(stack: LocalStack, stop: threading.Event) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = {k: str(v) for k, v in (("workers", args.workers), ("shm", args.shm)) if v is not None}
+    gateway_port, triton_ports = ports(args)
     stop = stop_on_signals()  # before the children start: a signal during start-up stops them too
-    with LocalStack(args.repository.resolve(), gateway_port=args.port, gateway_settings=settings, log_dir=args.log_dir) as stack:
+    with LocalStack(args.repository.resolve(), gateway_port=gateway_port, gateway_settings=settings,
+                    log_dir=args.log_dir, triton_ports=triton_ports) as stack:
         assert stack.triton and stack.gateway
         print(f"triton  grpc {stack.triton.grpc_url}  http {stack.triton.http_url}  metrics {stack.triton.metrics_url}")
         print(f"gateway {stack.gateway.url}  (docs {stack.gateway.url}/docs)  logs in {args.log_dir}", flush=True)

@@ -1,7 +1,8 @@
 """A tiny Triton repository with the ensemble interface of docs/contract.md and no real model (tests, benchmarks).
 
 `fake_onnx` (python backend) turns each text into a deterministic vector (`fake_vector`) and
-counts whitespace words + 2 as `num_tokens` (a text `sleep:SECONDS ...` makes it sleep first);
+counts whitespace words + 2 as `num_tokens` (a text `sleep:SECONDS ...` makes it sleep first, a text
+`hold:PATH ...` makes it wait until the file PATH exists: a test opens that gate when it chooses);
 `fakecls_onnx_ensemble` (classify) and `fakeemb_onnx_ensemble` (embed) wrap it exactly like the
 builder's ensembles. Tests use it where the exact numbers matter more than a real BERT (order, shm
 bytes, restarts), and the builder's tiny BERT repository where predictions must match PyTorch.
@@ -24,6 +25,7 @@ MAX_SEQ_LEN = 16
 
 MODEL_PY = '''
 import json
+import os
 import time
 import zlib
 
@@ -48,6 +50,10 @@ class TritonPythonModel:
             for t in texts:
                 if bytes(t).startswith(b"sleep:"):  # tests: a call that keeps Triton busy for a while
                     time.sleep(float(bytes(t)[6:].split()[0]))
+                if bytes(t).startswith(b"hold:"):  # tests: a call that keeps Triton busy until a file exists
+                    gate, deadline = bytes(t)[5:].split()[0], time.monotonic() + 300
+                    while not os.path.exists(gate) and time.monotonic() < deadline:
+                        time.sleep(0.01)
             out = np.stack([fake_vector(bytes(t), self.width) for t in texts])
             ntok = np.array([[len(bytes(t).split()) + 2] for t in texts], dtype=np.int32)
             responses.append(pb_utils.InferenceResponse([

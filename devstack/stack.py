@@ -29,12 +29,15 @@ class ExitedChild:
 
 @dataclass
 class LocalStack:
-    """Start Triton on `repository` (a `--runtime python` build), then the gateway against it."""
+    """Start Triton on `repository` (a `--runtime python` build), then the gateway against it.
+
+    `triton_ports`: TritonServer's `http_port`, `grpc_port`, `metrics_port` (free ports where absent)."""
 
     repository: Path
     gateway_port: int = field(default_factory=free_port)
     gateway_settings: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
+    triton_ports: dict[str, int] = field(default_factory=dict)
     triton: TritonServer | None = field(default=None, init=False)
     gateway: GatewayProcess | None = field(default=None, init=False)
 
@@ -43,7 +46,7 @@ class LocalStack:
         if logs:
             logs.mkdir(parents=True, exist_ok=True)
         self.triton = TritonServer(
-            repository=self.repository, log_path=logs / "tritonserver.log" if logs else None
+            repository=self.repository, log_path=logs / "tritonserver.log" if logs else None, **self.triton_ports
         ).start()
         try:
             self.gateway = GatewayProcess(

@@ -18,15 +18,20 @@ from gateway.triton.shm_pool import ShmUnavailable, probe_cuda
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # must be set before prometheus_client is imported
 
 
-def prepare_metrics_dir(settings: GatewaySettings) -> None:
-    """With several workers, give prometheus-client an empty shared multiprocess directory."""
+def prepare_metrics_dir(settings: GatewaySettings) -> Path | None:
+    """With several workers, give prometheus-client an empty shared multiprocess directory.
+
+    Returns the temporary directory made for it (none when GATEWAY_METRICS_DIR names one), which
+    `main` removes once uvicorn has stopped its workers."""
     if settings.worker_count <= 1 or os.environ.get(MULTIPROC_ENV):
-        return
-    path = Path(settings.metrics_dir or tempfile.mkdtemp(prefix="gateway-metrics-"))
+        return None
+    made = None if settings.metrics_dir else Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+    path = made or Path(settings.metrics_dir)
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
     os.environ[MULTIPROC_ENV] = str(path)
+    return made
 
 
 def check_transport(settings: GatewaySettings) -> None:
@@ -47,19 +52,23 @@ def main() -> None:
     settings = GatewaySettings()
     configure_logging(settings.log_level)
     check_transport(settings)
-    prepare_metrics_dir(settings)
-    uvicorn.run(
-        "gateway.app:app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.worker_count,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-        loop=settings.loop,
-        http="gateway.http_protocol:NoDelayHttpToolsProtocol",
-    )
+    metrics_dir = prepare_metrics_dir(settings)
+    try:
+        uvicorn.run(
+            "gateway.app:app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.worker_count,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+            loop=settings.loop,
+            http="gateway.http_protocol:NoDelayHttpToolsProtocol",
+        )
+    finally:  # uvicorn returns once its workers have stopped (SIGTERM, SIGINT)
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

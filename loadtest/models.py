@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel
 
@@ -75,7 +75,26 @@ def make_bert(path: Path, task: Task, shape: str = "small", num_labels: int = 3,
     return path
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python -m loadtest.models DIR TASK [SHAPE]`: write a random BERT checkpoint; usage on no arguments."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.models",
+        description="Write a random-weight BERT checkpoint (+ fast tokenizer) that the builder takes as a local "
+                    "model path (no hub needed).",
+    )
+    parser.add_argument("dir", type=Path, help="output directory (created)")
+    parser.add_argument("task", choices=get_args(Task), help="classify: a 3-label sequence classifier; embed: an encoder")
+    parser.add_argument("shape", nargs="?", default="small", choices=list(SHAPES),
+                        help="model shape (default small; base is the bert-base shape)")
+    args = parser.parse_args(argv)
+    make_bert(args.dir, args.task, args.shape)
+    print(args.dir)
+    return 0
+
+
 if __name__ == "__main__":
     import sys
 
-    make_bert(Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "small")  # type: ignore[arg-type]
+    sys.exit(main())

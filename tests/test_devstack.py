@@ -54,22 +54,36 @@ def test_environment_passes_gateway_variables_and_settings_override(monkeypatch:
 
 
 def test_local_stack_gateway_honours_api_keys_of_the_environment(
-    python_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GATEWAY_API_KEYS", "sesame")
     monkeypatch.setenv("GATEWAY_TRITON_URL", "127.0.0.1:9")  # devstack's own Triton url wins
-    with LocalStack(python_repository, log_dir=tmp_path) as stack:
+    with LocalStack(fake_repository, log_dir=tmp_path) as stack:
         assert stack.gateway is not None
         with httpx.Client(base_url=stack.gateway.url, timeout=60) as http:
-            body = {"model": "tinyemb", "inputs": ["hello"]}
+            body = {"model": "fakeemb", "inputs": ["hello"]}
             denied = http.post("/embed", json=body)
             assert denied.status_code == 401, denied.text
             assert denied.json()["error"]["type"]
             allowed = http.post("/embed", json=body, headers={"Authorization": "Bearer sesame"})
             assert allowed.status_code == 200, allowed.text  # and the gateway reached devstack's Triton
+        assert stack.triton is not None  # (LocalStack's graceful stop is test_sighup's subject: kill it here)
+        stack.gateway.stop()
+        stack.triton.stop(kill=True)
 
 
-# --- python -m devstack: SIGHUP stops everything, a dead child is reported ---
+# --- python -m devstack: ports, SIGHUP stops everything, a dead child is reported ---
+
+
+def test_devstack_ports_flag_then_variable_then_default() -> None:
+    from devstack.__main__ import parse_args, ports
+
+    env = {"GATEWAY_PORT": "9080", "TRITON_GRPC_PORT": "9001", "TRITON_METRICS_PORT": ""}
+    assert ports(parse_args([]), {}) == (8080, {})  # Triton: free ports
+    assert ports(parse_args([]), env) == (9080, {"grpc_port": 9001})
+    flags = parse_args(["--port", "7080", "--triton-grpc-port", "7001", "--triton-http-port", "7000",
+                        "--triton-metrics-port", "7002"])
+    assert ports(flags, env) == (7080, {"http_port": 7000, "grpc_port": 7001, "metrics_port": 7002})
 
 
 @dataclass
@@ -106,12 +120,16 @@ def descendants(pid: int) -> list[psutil.Process]:
 @contextmanager
 def running_devstack(repository: Path, tmp_path: Path) -> Iterator[Devstack]:
     """`python -m devstack` in a session of its own, up and answering /healthz; killed at the end,
-    with whatever it started (a failing test leaves no orphans behind)."""
-    port, log_dir = free_port(), tmp_path / "logs"
+    with whatever it started (a failing test leaves no orphans behind). Its ports come the ways a user
+    sets them: the gateway's from GATEWAY_PORT, Triton's gRPC port from TRITON_GRPC_PORT, its HTTP
+    port from a flag (checked on tritonserver's command line)."""
+    port, grpc_port, http_port, log_dir = free_port(), free_port(), free_port(), tmp_path / "logs"
     log_dir.mkdir()
-    cmd = [sys.executable, "-m", "devstack", "--repository", str(repository), "--port", str(port), "--log-dir", str(log_dir)]
+    cmd = [sys.executable, "-m", "devstack", "--repository", str(repository), "--log-dir", str(log_dir),
+           "--triton-http-port", str(http_port)]
+    env = {**os.environ, "GATEWAY_PORT": str(port), "TRITON_GRPC_PORT": str(grpc_port)}
     with open(log_dir / "devstack.out", "wb") as out, open(log_dir / "devstack.err", "wb") as err:
-        process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=err, start_new_session=True)
+        process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=err, start_new_session=True, env=env)
     started: list[psutil.Process] = []
     try:
         url = f"http://127.0.0.1:{port}"
@@ -125,6 +143,7 @@ def running_devstack(repository: Path, tmp_path: Path) -> Iterator[Devstack]:
         assert set(children) >= {"tritonserver"} and len(children) == 2, children
         triton = children.pop("tritonserver")
         (gateway,) = children.values()
+        assert {f"--grpc-port={grpc_port}", f"--http-port={http_port}"} <= set(triton.cmdline()), triton.cmdline()
         prefix = next(a.removeprefix(PREFIX_FLAG) for a in triton.cmdline() if a.startswith(PREFIX_FLAG))
         yield Devstack(process, url, log_dir, triton, gateway, started, prefix)
     finally:
@@ -145,16 +164,20 @@ def assert_all_gone(stack: Devstack) -> None:
     assert shm_files(stack.shm_prefix) == []
 
 
-def test_sighup_stops_triton_and_the_gateway(python_repository: Path, tmp_path: Path) -> None:
-    with running_devstack(python_repository, tmp_path) as stack:
+# The fake-contract repository: devstack's process handling does not depend on the models, and its two
+# light python-backend models start faster than the builder's four.
+
+
+def test_sighup_stops_triton_and_the_gateway(fake_repository: Path, tmp_path: Path) -> None:
+    with running_devstack(fake_repository, tmp_path) as stack:
         assert shm_files(stack.shm_prefix)  # the python backend uses the prefix devstack gave it
         stack.process.send_signal(signal.SIGHUP)
         assert stack.process.wait(timeout=60) == 0, stack.stderr()
         assert_all_gone(stack)
 
 
-def test_dead_triton_is_reported_and_stops_the_gateway(python_repository: Path, tmp_path: Path) -> None:
-    with running_devstack(python_repository, tmp_path) as stack:
+def test_dead_triton_is_reported_and_stops_the_gateway(fake_repository: Path, tmp_path: Path) -> None:
+    with running_devstack(fake_repository, tmp_path) as stack:
         stack.triton.send_signal(signal.SIGKILL)  # its stubs stay behind, its regions too
         assert stack.process.wait(timeout=60) == 1
         assert_all_gone(stack)
@@ -166,9 +189,9 @@ def test_dead_triton_is_reported_and_stops_the_gateway(python_repository: Path, 
 # --- TritonServer leaves no python-backend regions in /dev/shm ---
 
 
-def test_triton_server_unlinks_its_shm_regions(python_repository: Path, tmp_path: Path) -> None:
-    server = TritonServer(repository=python_repository, log_path=tmp_path / "triton.log")
-    other = TritonServer(repository=python_repository)
+def test_triton_server_unlinks_its_shm_regions(fake_repository: Path, tmp_path: Path) -> None:
+    server = TritonServer(repository=fake_repository, log_path=tmp_path / "triton.log")
+    other = TritonServer(repository=fake_repository)
     assert server.shm_prefix != other.shm_prefix and server.shm_prefix.startswith("triton_python_backend_shm_region_")
     for kill in (True, False):
         server.start()

@@ -5,12 +5,14 @@ per-request metrics and one log line."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
 import uuid
 
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.auth import check_admin_key, check_api_key, is_admin, is_public
@@ -45,6 +47,21 @@ def header(scope: Scope, name: bytes) -> str:
 def declared_length(scope: Scope) -> int | None:
     value = header(scope, b"content-length")
     return int(value) if value.isdigit() else None
+
+
+@functools.lru_cache(maxsize=8)
+def _templates(paths: tuple[str, ...]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    return tuple((compile_path(path)[0], path) for path in paths)
+
+
+def _known_route(scope: Scope) -> str:
+    """The template of the app's API route (its OpenAPI paths) that `scope`'s path names, for a request
+    refused before routing (a missing key); "unmatched" for any other path."""
+    openapi = getattr(scope.get("app"), "openapi", None)
+    for regex, template in _templates(tuple(openapi()["paths"])) if openapi else ():
+        if regex.match(scope["path"]):
+            return template
+    return "unmatched"
 
 
 class RequestContextMiddleware:
@@ -154,7 +171,7 @@ class RequestContextMiddleware:
         route = scope.get("route")
         # an inference route refused before routing (a missing key, a shedding model) is still counted as that route
         known = inference_route(scope["path"])
-        path = getattr(route, "path", None) or (known[0] if known else "unmatched")
+        path = getattr(route, "path", None) or (known[0] if known else _known_route(scope))
         state = scope.get("state") or {}
         model = str(state.get("model", ""))
         if path not in _UNTRACKED:

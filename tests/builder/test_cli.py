@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import get_args
 
@@ -211,8 +210,7 @@ def test_help_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 _FAST_REFUSAL = """
-import sys, time
-started = time.monotonic()
+import sys
 from builder.cli import main
 heavy = [m for m in ("torch", "transformers", "onnxruntime") if m in sys.modules]
 assert not heavy, f"import builder.cli imported {heavy}"
@@ -222,7 +220,7 @@ except SystemExit as exc:
     status = exc.code
 heavy = [m for m in ("torch", "transformers", "onnxruntime") if m in sys.modules]
 assert not heavy, f"refusing the command imported {heavy}"
-print(status, time.monotonic() - started)
+print(status)
 """
 
 
@@ -240,17 +238,15 @@ def test_mistakes_are_refused_before_torch_is_imported(
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"models:\n  - {{name: x, task: embed, model: {tiny_classifier_dir}, max_seq_len: lots}}\n")
     argv = [a.format(cls=tiny_classifier_dir, spec=spec) for a in argv]
-    started = time.monotonic()
+    # refused before torch, transformers or onnxruntime are imported (checked inside the process): fast by
+    # construction, whatever the machine's load
     result = subprocess.run(
         [sys.executable, "-c", _FAST_REFUSAL, "build", "--repository", str(tmp_path / "repo"), *argv],
         check=False, capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
     )
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
-    status, _ = result.stdout.split()
-    assert int(status) == code
+    assert int(result.stdout) == code
     assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1, result.stderr
-    assert elapsed < 1.5, f"refused after {elapsed:.1f}s"
 
 
 def test_no_warmup_flag_reaches_the_request(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from tests.fixtures.tiny_models import (
     write_tiny_embedder,
     write_tiny_st_embedder,
 )
+from tests.fixtures.triton import serving
 from tests.gateway.conftest import running_gateway
 
 TEXTS = ["good movie", "", "안녕하세요 영화 정말 좋아요", "the food was terrible " * 3, "a long text that goes on " * 20]
@@ -115,7 +116,7 @@ async def test_gateway_embeddings_equal_sentence_transformers(
     """Through a real tritonserver and the gateway, with no request options: each model's pooling,
     Normalize module (or none), max_seq_length and default prompt, as `SentenceTransformer.encode` gives them."""
     texts = [t for t in TEXTS if t]  # the API takes no empty text
-    with TritonServer(repository=repository, log_path=tmp_path / "triton.log") as server:
+    with serving(TritonServer(repository=repository, log_path=tmp_path / "triton.log")) as server:
         gateway = running_gateway(server.grpc_url, repository=str(repository), shm_prefix="gwstmodules")
         async with gateway as (_, client):
             for name in ("mean", "last", "cls", "plain"):

@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from builder.errors import BuildError
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
+from tests.fixtures.triton import serving
 
 SHORT = "good movie"  # bucket 16
 LONG = "the food was terrible and the service slow " * 4  # bucket 64
@@ -44,7 +45,7 @@ def test_merged_buckets_batch_together_and_match_single_requests(tiny_embedder_d
     config = text_format.Parse((repository / "m_onnx" / "config.pbtxt").read_text(), mc.ModelConfig())
     assert all(i.allow_ragged_batch for i in config.input)
 
-    with TritonServer(repository, log_path=tmp_path / "triton.log") as server:
+    with serving(TritonServer(repository, log_path=tmp_path / "triton.log")) as server:
         alone = {t: _embed(server.grpc_url, t) for t in (SHORT, LONG)}
         before_inferences, before_executions = _step_counts(server.grpc_url)
         texts = [SHORT, LONG] * 4
@@ -92,7 +93,7 @@ def test_declared_shapes_are_warmed_at_load_and_kept_to(tiny_embedder_dir: Path,
     assert config.parameters["batch_widths"].string_value == "16,32,64"
     assert config.parameters["batch_rows"].string_value == "1,2,4,8"
     log = tmp_path / "triton.log"
-    with TritonServer(repository, log_path=log) as server:
+    with serving(TritonServer(repository, log_path=log)) as server:
         alone = {t: _embed(server.grpc_url, t) for t in (SHORT, LONG)}
         texts = [SHORT, LONG, SHORT, SHORT, SHORT, LONG, SHORT]  # 7 texts of two widths in one execution
         with ThreadPoolExecutor(len(texts)) as pool:

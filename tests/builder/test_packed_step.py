@@ -42,6 +42,7 @@ from contract.packing import pack_padded
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
 from tests.fixtures.tiny_models import vocab_tokens, write_tiny_splade, write_tiny_xlmr
+from tests.fixtures.triton import serving
 from tests.gateway.conftest import running_gateway
 
 MAX_SEQ_LEN = TINY_LIMITS["max_seq_len"]
@@ -73,7 +74,7 @@ def repository(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(scope="module")
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    with TritonServer(repository, log_path=tmp_path_factory.mktemp("packed_logs") / "tritonserver.log") as triton:
+    with serving(TritonServer(repository, log_path=tmp_path_factory.mktemp("packed_logs") / "tritonserver.log")) as triton:
         yield triton
 
 

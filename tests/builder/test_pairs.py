@@ -35,6 +35,7 @@ from tests.fixtures.tiny_models import (
     MAX_POSITIONS,
     NLI_LABELS,
 )
+from tests.fixtures.triton import serving
 
 SHORT_LEN = 24  # max_seq_len of the `short` models: most pairs below are cut
 PAIRS = [
@@ -70,7 +71,7 @@ def repository(models: dict[str, Path], tiny_classifier_dir: Path, tmp_path_fact
 
 @pytest.fixture(scope="module")
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    with TritonServer(repository=repository, log_path=tmp_path_factory.mktemp("pair_logs") / "triton.log") as triton:
+    with serving(TritonServer(repository=repository, log_path=tmp_path_factory.mktemp("pair_logs") / "triton.log")) as triton:
         yield triton
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
@@ -33,6 +34,8 @@ from builder.configs import read_config
 from builder.manifest import read_manifest
 from builder.settings import BuildRequest, ResolvedSettings
 from devstack.tritonserver import TritonServer
+from tests.fixtures.triton import serving
+from tests.fixtures.waiting import until
 
 TINY = ["--runtime", "python", "--device", "cpu", "--formats", "onnx", "--max-seq-len", "64", "--max-batch-size", "8"]
 # ~2.5 MB: one tokenizer execution of about 2 s on the 2-core CI machine (0.8 s per million characters).
@@ -105,7 +108,7 @@ def server(tiny_embedder_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         assert (policy.max_queue_size, policy.default_timeout_microseconds) == (size, timeout_us), entry
     for entry in ("plain_tokenizer", "plain_onnx"):
         assert not read_config(repository / entry / "config.pbtxt").dynamic_batching.HasField("default_queue_policy")
-    with TritonServer(repository, log_path=root / "tritonserver.log") as triton:
+    with serving(TritonServer(repository, log_path=root / "tritonserver.log")) as triton:
         yield triton
 
 
@@ -131,11 +134,23 @@ async def _outcome(client: aioclient.InferenceServerClient, model: str, text: st
         return f"{exc.status()} | {exc.message()}", time.monotonic()
 
 
-async def _busy(client: aioclient.InferenceServerClient, model: str,
+def _instance_cpu_s(server: TritonServer, model: str) -> float:
+    """CPU seconds used so far by `model`'s python-backend stub process (its one instance)."""
+    assert server.process is not None
+    stubs = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+             if any(f"/{model}/" in arg for arg in p.cmdline())]
+    assert len(stubs) == 1, stubs
+    times = stubs[0].cpu_times()
+    return float(times.user + times.system)
+
+
+async def _busy(client: aioclient.InferenceServerClient, server: TritonServer, model: str,
                 text: str = SLOW_TEXT) -> asyncio.Task[tuple[str, float]]:
-    """Start the long tokenization on `model` and give it time to reach the instance."""
+    """Start the long tokenization on `model` and wait until its instance is busy with it (its stub process
+    has spent a fifth of a second of CPU on it; an idle stub spends none)."""
+    before = _instance_cpu_s(server, model)
     slow = asyncio.create_task(_outcome(client, model, text))
-    await asyncio.sleep(0.4)
+    await until(lambda: _instance_cpu_s(server, model) - before >= 0.2, f"{model}'s instance busy")
     assert not slow.done(), "the slow request finished before the test could queue behind it"
     return slow
 
@@ -148,7 +163,7 @@ def test_full_queue_rejects_at_once(server: TritonServer) -> None:
     async def run() -> tuple[tuple[str, float], list[tuple[str, float]], list[tuple[str, float]]]:
         client = aioclient.InferenceServerClient(server.grpc_url)
         try:
-            slow = await _busy(client, "full_tokenizer")
+            slow = await _busy(client, server, "full_tokenizer")
             kwargs = {"timeout": LONG_TIMEOUT_US}
             direct = [_outcome(client, "full_tokenizer", f"text {i}", **kwargs) for i in range(12)]
             ensemble = [_outcome(client, "full_onnx_ensemble", f"text {i}", **kwargs) for i in range(4)]
@@ -178,7 +193,7 @@ def test_request_timeout_rejects_while_queued(server: TritonServer) -> None:
     async def run() -> list[tuple[str, float]]:
         client = aioclient.InferenceServerClient(server.grpc_url)
         try:
-            slow = await _busy(client, "q_tokenizer")
+            slow = await _busy(client, server, "q_tokenizer")
             waiting = await asyncio.gather(
                 _outcome(client, "q_tokenizer", "own timeout 100 ms", timeout=100_000),
                 _outcome(client, "q_onnx_ensemble", "through the ensemble", timeout=100_000),
@@ -229,7 +244,7 @@ def test_abandoned_requests_are_not_executed(server: TritonServer) -> None:
     async def direct() -> list[str]:
         client = aioclient.InferenceServerClient(url)
         try:
-            slow = await _busy(client, "plain_tokenizer", SLOWER_TEXT)
+            slow = await _busy(client, server, "plain_tokenizer", SLOWER_TEXT)
             cancelled = [asyncio.create_task(client.infer("plain_tokenizer", _text(f"cancel {i}"))) for i in range(3)]
             await _queued(server, "plain_tokenizer", 3)  # cancelled once Triton holds them, not before
             deadlines = [asyncio.create_task(_outcome(client, "plain_tokenizer", f"deadline {i}", client_timeout=1.0))
@@ -256,9 +271,9 @@ def test_abandoned_requests_are_not_executed(server: TritonServer) -> None:
     async def through_ensemble() -> list[str]:
         client = aioclient.InferenceServerClient(url)
         try:
-            slow = await _busy(client, "plain_tokenizer")
+            slow = await _busy(client, server, "plain_tokenizer")
             tasks = [asyncio.create_task(client.infer("plain_onnx_ensemble", _text(f"cancel {i}"))) for i in range(3)]
-            await asyncio.sleep(0.2)
+            await _queued(server, "plain_tokenizer", 3)  # cancelled once Triton holds them
             for task in tasks:
                 task.cancel()
             # queued behind the cancelled ones: once it is answered they have passed both steps' queues

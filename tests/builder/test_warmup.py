@@ -21,6 +21,7 @@ from contract import TEXT, TEXT_PAIR
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
 from tests.fixtures.tiny_models import write_tiny_pair_classifier
+from tests.fixtures.triton import serving
 
 MAX_SEQ_LEN, MAX_BATCH = TINY_LIMITS["max_seq_len"], TINY_LIMITS["max_batch_size"]
 
@@ -44,7 +45,7 @@ def repository(pair_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.fixture(scope="module")
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     log = tmp_path_factory.mktemp("warmup_logs") / "tritonserver.log"
-    with TritonServer(repository=repository, log_path=log) as triton:
+    with serving(TritonServer(repository=repository, log_path=log)) as triton:
         yield triton
 
 

@@ -42,10 +42,10 @@ def kubectl() -> str:
 
 @functools.cache
 def render_text(directory: Path) -> str:
-    """`kubectl kustomize --load-restrictor LoadRestrictionsNone DIR`: the dashboard and models.yaml
-    ConfigMaps load the repository's own files, outside the kustomization root."""
+    """`kubectl kustomize DIR`, with no flag: what `kubectl apply -k DIR` and `kustomize build DIR` render
+    (Kustomize's default load restrictor: no file outside a kustomization's root)."""
     out = subprocess.run(
-        [kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(directory)],
+        [kubectl(), "kustomize", str(directory)],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert out.returncode == 0, out.stderr

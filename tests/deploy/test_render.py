@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +253,16 @@ def test_shm_size_holds_the_gateway_regions(name: str) -> None:
     needed = models * pool * workers + 64 * 2**20
     (dshm,) = [v for v in pod_spec(objects)["volumes"] if v["name"] == "dshm"]
     assert quantity_bytes(dshm["emptyDir"]["sizeLimit"]) >= needed
+
+
+def test_kustomize_copies_are_the_repositorys_files() -> None:
+    """The base generates the dashboard and models ConfigMaps from copies inside its root (so that no
+    render needs --load-restrictor): each is the repository's file byte for byte."""
+    copies = {DASHBOARD: DEPLOY / "base" / "files" / DASHBOARD.name, REPO_ROOT / "models.yaml": DEPLOY / "base" / "files" / "models.yaml"}
+    stale = [str(copy.relative_to(REPO_ROOT)) for source, copy in copies.items() if copy.read_bytes() != source.read_bytes()]
+    assert not stale, f"{stale} differ from the repository's files: run scripts/sync-kubernetes"
+    check = subprocess.run([str(REPO_ROOT / "scripts" / "sync-kubernetes"), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
 
 
 @pytest.mark.parametrize("name", OVERLAYS)

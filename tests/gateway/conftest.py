@@ -1,4 +1,5 @@
-"""Fixtures of the gateway tests: a fake-contract Triton (session) and in-process gateways."""
+"""Fixtures of the gateway tests: the peer models' repository and server (session) and in-process gateways
+(the fake-contract Triton is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from fastapi import FastAPI
 from devstack.tritonserver import TritonServer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from devstack.fake_repository import write_fake_repository
 from tests.fixtures.repository import PYTHON_CPU, build_repository
 from tests.fixtures.tiny_models import write_tiny_cross_encoder, write_tiny_pair_classifier, write_tiny_st_embedder
+from tests.fixtures.triton import serving
 
 # The peer models' embedder (sentence-transformers layout): prompts, max length, matryoshka dimensions.
 PEER_PROMPTS = {"query": "query: ", "passage": "passage: "}
@@ -28,20 +29,6 @@ PEER_MATRYOSHKA = [8, 16]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def fake_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fake repository (fakecls + fakeemb), see fake_repository.py."""
-    return write_fake_repository(tmp_path_factory.mktemp("fake_repository"))
-
-
-@pytest.fixture(scope="session")
-def fake_triton(fake_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """A real tritonserver on the fake repository, shared by the tests that do not stop it."""
-    log = tmp_path_factory.mktemp("logs") / "fake_triton.log"
-    with TritonServer(repository=fake_repository, log_path=log) as server:
-        yield server
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +66,7 @@ def peer_repository(peer_models: dict[str, Path], tmp_path_factory: pytest.TempP
 @pytest.fixture(scope="session")
 def peer_server(peer_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """A real tritonserver serving `peer_repository` (test_peer_api.py, test_peer_clients.py)."""
-    with TritonServer(repository=peer_repository, log_path=tmp_path_factory.mktemp("peer_logs") / "triton.log") as s:
+    with serving(TritonServer(repository=peer_repository, log_path=tmp_path_factory.mktemp("peer_logs") / "triton.log")) as s:
         yield s
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,9 @@ from builder.configs import read_config
 from builder.versions import versions
 from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
-from tests.fixtures.tiny_models import write_tiny_classifier, write_tiny_embedder
+from tests.fixtures.tiny_models import write_tiny_embedder
+from tests.fixtures.triton import serving
+from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.anyio
@@ -44,16 +47,14 @@ def _build(repository: Path, models: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def lifecycle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, Path, Path]]:
-    """(server, repository, root): tinycls and tinyemb built into a repository of this module only."""
+def lifecycle(python_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, Path, Path]]:
+    """(server, repository, root): a copy of the session's tinycls + tinyemb repository (the same builder
+    output, not built again), served by a tritonserver of this module only: its tests unload, rebuild and
+    reload models."""
     root = tmp_path_factory.mktemp("admin")
     repository = root / "model_repository" / "models"
-    repository.parent.mkdir()
-    _build(repository, [
-        {"model": str(write_tiny_classifier(root / "cls")), "task": "classify", "name": "tinycls"},
-        {"model": str(write_tiny_embedder(root / "emb_v1", seed=1)), "task": "embed", "name": "tinyemb"},
-    ])
-    with TritonServer(repository, log_path=root / "tritonserver.log") as server:
+    shutil.copytree(python_repository, repository)
+    with serving(TritonServer(repository, log_path=root / "tritonserver.log")) as server:
         assert "--model-control-mode=explicit" in server.command(Path("/x")) and "--load-model=*" in server.command(Path("/x"))
         yield server, repository, root
 
@@ -121,10 +122,12 @@ async def test_unload_and_load_under_traffic(lifecycle: tuple[TritonServer, Path
                 outcomes[model].append(await client.post(route, json={"model": model, "inputs": TEXTS[:3]}))
 
         tasks = [asyncio.create_task(traffic(m)) for m in ("tinycls", "tinyemb") for _ in range(3)]
-        await asyncio.sleep(0.3)
+        await until(lambda: all(len(outcomes[m]) >= 3 for m in outcomes), "both families answering")
         r = await client.post("/admin/models/tinycls/unload", headers=ADMIN)
         assert r.status_code == 200 and r.json()["state"] in ("unloading", "unloaded") and not r.json()["served"], r.text
-        await asyncio.sleep(0.5)
+        emb_at_unload = len(outcomes["tinyemb"])
+        await until(lambda: any(r.status_code == 404 for r in outcomes["tinycls"])
+                    and len(outcomes["tinyemb"]) >= emb_at_unload + 6, "tinycls refused, tinyemb still answering")
         stop.set()
         await asyncio.gather(*tasks)
         assert all(r.status_code == 200 for r in outcomes["tinyemb"]), {r.status_code for r in outcomes["tinyemb"]}
@@ -143,7 +146,12 @@ async def test_unload_and_load_under_traffic(lifecycle: tuple[TritonServer, Path
 
         # load it again: while it loads its requests get 503 with Retry-After, then it serves
         load = asyncio.create_task(client.post("/admin/models/tinycls/load", headers=ADMIN))
-        await asyncio.sleep(0.2)
+
+        async def loading() -> bool:
+            assert not load.done(), "the load finished before the test saw the family loading"
+            return bool((await client.get("/readyz")).json()["families"]["tinycls"] == "loading")
+
+        await until(loading, "tinycls loading")
         during = await client.post("/classify", json={"model": "tinycls", "inputs": ["x"]})
         assert _error(during, 503)["type"] == "model_loading" and during.headers["Retry-After"] == "2"
         assert (await client.get("/readyz")).json()["families"]["tinycls"] == "loading"
@@ -158,11 +166,23 @@ async def test_unload_and_load_under_traffic(lifecycle: tuple[TritonServer, Path
 async def test_rebuild_then_reload_under_traffic(lifecycle: tuple[TritonServer, Path, Path]) -> None:
     """Version 2 with other weights; a reload while 8 clients call two gateways: the one that
     reloads (scheduler pipeline: it tokenizes and calls the step) and one that only follows Triton
-    (ensemble pipeline, refresh 0.5 s). Zero failures; old-or-new per text; then only new."""
+    (ensemble pipeline, refresh 0.5 s). Zero failures; old-or-new per text; then only new: on the one that
+    reloaded, for every request sent after the reload answered; on the other, for every request sent after
+    its second refresh since then (the first may have begun before the reload)."""
     server, repository, root = lifecycle
     settings: dict[str, Any] = {"repository": str(repository), "refresh_interval_s": 0.5}
     async with (running_gateway(server.grpc_url, admin_keys="admin-key", shm_prefix="gwadmA", **settings) as (_, a),
-                running_gateway(server.grpc_url, pipeline="ensemble", shm_prefix="gwadmB", **settings) as (_, b)):
+                running_gateway(server.grpc_url, pipeline="ensemble", shm_prefix="gwadmB", **settings) as (app_b, b)):
+        b_refreshes = 0  # refreshes gateway b completed
+        b_runtime = app_b.state.runtime
+        b_refresh = b_runtime.refresh
+
+        async def counted_refresh(force: bool = False) -> None:
+            nonlocal b_refreshes
+            await b_refresh(force)
+            b_refreshes += 1
+
+        b_runtime.refresh = counted_refresh
         old = await _embed(a, TEXTS)
         np.testing.assert_allclose(await _embed(b, TEXTS), old, rtol=1e-5, atol=1e-6)
 
@@ -174,48 +194,55 @@ async def test_rebuild_then_reload_under_traffic(lifecycle: tuple[TritonServer, 
             assert policy == mc.ModelVersionPolicy(latest=mc.ModelVersionPolicy.Latest(num_versions=1))
         np.testing.assert_allclose(await _embed(a, TEXTS), old, rtol=1e-5, atol=1e-6)  # published, not loaded
 
-        answers: list[tuple[float, str, list[int], np.ndarray | str]] = []  # (started, gateway, texts, rows)
+        # (gateway, texts, rows, sent after the gateway follows the reload)
+        answers: list[tuple[str, list[int], np.ndarray | str, bool]] = []
         stop = asyncio.Event()
+        reloaded = False  # the reload call has answered
+        b_follows_from: int | None = None  # b's refreshes count from which it must serve the new version
+
+        def follows(name: str) -> bool:
+            return reloaded if name == "a" else b_follows_from is not None and b_refreshes >= b_follows_from
 
         async def traffic(name: str, client: httpx.AsyncClient, seed: int) -> None:
             rng = random.Random(seed)
             while not stop.is_set():
                 picked = rng.sample(range(len(TEXTS)), rng.randint(1, 4))
-                started = time.monotonic()
+                after = follows(name)
                 r = await client.post("/embed", json={"model": "tinyemb", "inputs": [TEXTS[i] for i in picked],
                                                       "normalize": False})
                 rows = np.array(r.json()["embeddings"], dtype=np.float32) if r.status_code == 200 else r.text
-                answers.append((started, name, picked, rows))
+                answers.append((name, picked, rows, after))
 
         tasks = [asyncio.create_task(traffic(n, c, i)) for i, (n, c) in enumerate([("a", a), ("b", b)] * 4)]
-        await asyncio.sleep(0.5)
+        await until(lambda: len(answers) >= 16, "both gateways answering")
         reload_started = time.monotonic()
         r = await a.post("/admin/models/tinyemb/reload", headers=ADMIN)
-        reloaded = time.monotonic()
+        took = time.monotonic() - reload_started
+        reloaded, b_follows_from = True, b_refreshes + 2
         assert r.status_code == 200 and r.json()["state"] == "ready", r.text
         assert {e["name"] for e in r.json()["entries"] if e["version"] == "2" and e["state"] == "READY"} == set(FAMILY)
-        await asyncio.sleep(1.5)
+        await until(lambda: all(sum(n == name and after for n, _, _, after in answers) >= 8 for name in "ab"),
+                    "both gateways answered requests sent after they follow the reload")
         stop.set()
         await asyncio.gather(*tasks)
 
         new = await _embed(a, TEXTS)
         assert not np.allclose(new, old, atol=1e-3), "the rebuilt model answers like the old one"
         np.testing.assert_allclose(await _embed(b, TEXTS), new, rtol=1e-5, atol=1e-6)
-        failed = [(n, rows) for _, n, _, rows in answers if isinstance(rows, str)]
+        failed = [(n, rows) for n, _, rows, _ in answers if isinstance(rows, str)]
         assert failed == [], failed[:3]
         counts = {"old": 0, "new": 0}
-        for started, name, picked, rows in answers:
+        for name, picked, rows, after in answers:
             assert isinstance(rows, np.ndarray)
             for i, row in zip(picked, rows):
                 is_old = np.allclose(row, old[i], rtol=1e-4, atol=1e-5)
                 is_new = np.allclose(row, new[i], rtol=1e-4, atol=1e-5)
                 assert is_old or is_new, f"gateway {name}: text {i} is neither the old nor the new vector"
                 counts["old" if is_old else "new"] += 1
-                follows = reloaded if name == "a" else reloaded + 0.5 + 1.0  # b: its refresh interval, and slack
-                if started > follows:
-                    assert is_new, f"gateway {name}: old vector for a request sent after the reload"
+                if after:
+                    assert is_new, f"gateway {name}: old vector for a request sent after it follows the reload"
         assert counts["old"] > 0 and counts["new"] > 0, counts
-        print(f"reload took {reloaded - reload_started:.2f}s; {len(answers)} requests, none failed; {counts}")
+        print(f"reload took {took:.2f}s; {len(answers)} requests, none failed; {counts}")
 
         # a rollback: serve version 1 again, reload, the old vectors are back
         assert builder_main(["serve", "--repository", str(repository), "--name", "tinyemb", "--version", "1"]) == 0

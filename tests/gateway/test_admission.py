@@ -14,6 +14,7 @@ import pytest
 from gateway.errors import ErrorKind, GatewayError
 from gateway.service.admission import Backlog, BusyClock, ServiceTime
 from gateway.service.in_flight import InFlightLimit
+from tests.fixtures.waiting import until
 
 
 def test_the_fit_splits_per_call_from_per_unit_cost_and_forgets_old_calls() -> None:
@@ -91,11 +92,11 @@ async def test_the_in_flight_bound_serves_in_arrival_order_and_lets_leavers_go()
         order.append(name)
 
     big = asyncio.create_task(take("big", 4))
-    await asyncio.sleep(0)
+    await until(lambda: limit.waiting == 4, "big waiting")
     small = asyncio.create_task(take("small", 1))  # would fit now, but waits behind `big`
     leaver = asyncio.create_task(take("leaver", 1))
-    await asyncio.sleep(0)
-    assert order == [] and limit.waiting == 6
+    await until(lambda: limit.waiting == 6, "small and the leaver waiting too")
+    assert order == []
     leaver.cancel()
     limit.release(3)
     await asyncio.gather(big, asyncio.gather(leaver, return_exceptions=True))

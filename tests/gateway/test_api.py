@@ -20,6 +20,8 @@ from devstack.fake_repository import (
 )
 from devstack.tritonserver import TritonServer, free_port
 from gateway.triton.shm_pool import serialize_texts
+from tests.fixtures.metrics import delta
+from tests.fixtures.triton import serving
 from tests.gateway.conftest import running_gateway, shm_segments
 
 pytestmark = pytest.mark.anyio
@@ -35,8 +37,6 @@ def expected_scores(text: str) -> np.ndarray:
     return e / e.sum()
 
 
-def metric_value(body: str, prefix: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(prefix))
 
 
 @pytest.mark.parametrize("shm", ["system", "none"])
@@ -79,9 +79,10 @@ async def test_shared_memory_really_carries_the_tensors(fake_triton: TritonServe
         assert set(registered) == {r.name for p in app.state.runtime.client.pools.values() for r in p.regions}
         assert registered[region.name]["key"] == region.key and region.name in shm_segments(prefix)
         body = {"model": "fakeemb", "inputs": inputs, "normalize": False, "backend": "onnx"}
+        before = (await client.get("/metrics")).text
         r = await client.post("/embed", json=body)
         assert r.status_code == 200
-        metrics = (await client.get("/metrics")).text
+        after = (await client.get("/metrics")).text
         # Read the region straight from /dev/shm, independently of the gateway's handle.
         with open(f"/dev/shm/{region.name}", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mem:
             payload = serialize_texts([t.encode() for t in inputs])
@@ -92,7 +93,9 @@ async def test_shared_memory_really_carries_the_tensors(fake_triton: TritonServe
             toks = np.frombuffer(mem, np.int32, len(inputs), lay.offset("num_tokens"))
             assert toks.tolist() == [fake_num_tokens(t) for t in inputs]
             del out, toks
-    assert 'gateway_triton_request_duration_seconds_count{model="fakeemb",transport="shm"}' in metrics
+    calls = {t: delta(before, after, "gateway_triton_request_duration_seconds_count", model="fakeemb", transport=t)
+             for t in ("shm", "grpc")}
+    assert calls == {"shm": 1, "grpc": 0}, calls  # this request's one Triton call went through the region
     assert shm_segments(prefix) == []  # unlinked on shutdown
     status = grpcclient.InferenceServerClient(fake_triton.grpc_url).get_system_shared_memory_status(as_json=True)
     assert not [n for n in status.get("regions", {}) if n.startswith(prefix)]  # unregistered on shutdown
@@ -100,11 +103,14 @@ async def test_shared_memory_really_carries_the_tensors(fake_triton: TritonServe
 
 async def test_none_fallback_registers_nothing(fake_triton: TritonServer) -> None:
     async with running_gateway(fake_triton.grpc_url, shm="none", shm_prefix="gwnone") as (app, client):
+        before = (await client.get("/metrics")).text
         r = await client.post("/classify", json={"inputs": ["x y"]})
-        metrics = (await client.get("/metrics")).text
+        after = (await client.get("/metrics")).text
     assert r.status_code == 200 and app.state.runtime.client.pools == {}
     assert shm_segments("gwnone") == []
-    assert 'gateway_triton_request_duration_seconds_count{model="fakecls",transport="grpc"}' in metrics
+    calls = {t: delta(before, after, "gateway_triton_request_duration_seconds_count", model="fakecls", transport=t)
+             for t in ("shm", "grpc")}
+    assert calls == {"shm": 0, "grpc": 1}, calls
 
 
 async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonServer) -> None:
@@ -121,13 +127,14 @@ async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonSer
         assert (await client.get("/healthz")).status_code == 200
         ready = await client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["models"] == ["fakecls", "fakeemb"]
+        before = (await client.get("/metrics")).text
         r = await client.post("/classify", json={"inputs": ["a", "b"]}, headers={"X-Request-ID": "req-42"})
         assert r.headers["x-request-id"] == "req-42"
         assert len((await client.post("/classify", json={"inputs": "a"})).headers["x-request-id"]) == 32
         body = (await client.get("/metrics")).text
-    assert metric_value(body, 'gateway_requests_total{model="fakecls",route="/classify",status="200"}') >= 2
-    assert metric_value(body, 'gateway_inputs_per_request_sum{route="/classify"}') >= 3
-    assert metric_value(body, 'gateway_tokens_total{model="fakecls",route="/classify"}') >= 9
+    assert delta(before, body, "gateway_requests_total", model="fakecls", route="/classify", status="200") == 2
+    assert delta(before, body, "gateway_inputs_per_request_sum", route="/classify") == 3
+    assert delta(before, body, "gateway_tokens_total", model="fakecls", route="/classify") == 9  # 3 texts x (1 word + 2)
     assert "gateway_request_duration_seconds_bucket" in body and "gateway_shm_regions_in_use" in body
 
 
@@ -249,10 +256,30 @@ async def test_a_contract_mismatch_is_a_502_not_wrong_numbers(tmp_path: Path) ->
     repository = write_fake_repository(tmp_path / "repo")
     _ensemble(repository, "wideemb", "fakeemb_onnx", "embeddings", EMBED_DIM,
               {"task": "embed", "embedding_dim": str(EMBED_DIM + 1), "pooling": "mean"})
-    with TritonServer(repository=repository, log_path=tmp_path / "triton.log") as server:
+    with serving(TritonServer(repository=repository, log_path=tmp_path / "triton.log")) as server:
         for shm in ("system", "none"):
             async with running_gateway(server.grpc_url, shm=shm, shm_prefix="gwmismatch") as (_, client):
                 r = await client.post("/embed", json={"model": "wideemb", "inputs": ["a b"]})
                 assert r.status_code == 502 and r.json()["error"]["type"] == "contract_mismatch", (shm, r.text)
                 ok = await client.post("/embed", json={"model": "fakeemb", "inputs": ["a b"]})
                 assert ok.status_code == 200
+
+
+async def test_refusals_before_routing_are_counted_on_their_route(fake_triton: TritonServer) -> None:
+    """A 401 (no key) is answered before routing; it is still counted on the route template the path names
+    (so failed auth shows on that route's panel), never as `unmatched`."""
+    calls = {("POST", "/rerank"): "/rerank", ("POST", "/v1/rerank"): "/v1/rerank", ("POST", "/tokenize"): "/tokenize",
+             ("POST", "/decode"): "/decode", ("GET", "/v1/models/fakeemb"): "/v1/models/{model_id}",
+             ("POST", "/v2/embed"): "/v2/embed", ("POST", "/v2/rerank"): "/v2/rerank",
+             ("POST", "/tei/fakeemb/embed"): "/tei/{model}/embed", ("GET", "/tei/fakeemb/info"): "/tei/{model}/info",
+             ("POST", "/admin/models/fakeemb/reload"): "/admin/models/{name}/reload",
+             ("GET", "/admin/models"): "/admin/models"}
+    async with running_gateway(fake_triton.grpc_url, shm="none", api_keys=["k3y"], admin_keys=["adm1n"]) as (_, client):
+        before = (await client.get("/metrics")).text
+        for method, path in calls:
+            r = await client.request(method, path, json={"inputs": "a"})
+            assert r.status_code == 401, (path, r.text)  # (in TEI's error shape under /tei/)
+        after = (await client.get("/metrics")).text
+    counted = {route: delta(before, after, "gateway_requests_total", route=route, status="401")
+               for route in [*calls.values(), "unmatched"]}
+    assert counted == {**{route: 1 for route in calls.values()}, "unmatched": 0}, counted

@@ -20,6 +20,7 @@ from contract.tokenization import EncodedTexts
 from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import BatchMetrics
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
+from tests.fixtures.waiting import until
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,6 +97,7 @@ class StepDouble:
         self.calls: list[dict[str, np.ndarray]] = []
         self.deadlines: list[float] = []
         self.cancelled = 0
+        self.tasks: list[asyncio.Task[object]] = []  # the task of each call (a cancel request shows on it at once)
         self.gate = asyncio.Event()
         self.gate.set()
         self.fail_next = False
@@ -105,6 +107,9 @@ class StepDouble:
         self.batches.append(ids)
         self.calls.append(tensors)
         self.deadlines.append(deadline)
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.append(task)
         try:
             await self.gate.wait()
         except asyncio.CancelledError:
@@ -138,10 +143,10 @@ def held_scheduler(**overrides: object) -> tuple[StepDouble, BatchScheduler]:
 async def test_rows_come_back_to_their_callers_in_order() -> None:
     step, scheduler = held_scheduler()
     first = asyncio.create_task(scheduler.submit(encoded(5), later()))
-    await asyncio.sleep(0)
+    await until(lambda: len(step.batches) == 1, "the first batch in flight")
     rest = [asyncio.create_task(scheduler.submit(encoded(*lengths), later())) for lengths in ([90, 3], [7], [100, 4, 60])]
-    await asyncio.sleep(0)
-    assert len(step.batches) == 1 and scheduler.queued == 6  # one batch in flight, the rest wait
+    await until(lambda: scheduler.queued == 6, "the other rows queued")
+    assert len(step.batches) == 1  # one batch in flight, the rest wait
     step.gate.set()
     results = await asyncio.gather(first, *rest)
     for result, lengths in zip(results, ([5], [90, 3], [7], [100, 4, 60])):
@@ -154,10 +159,10 @@ async def test_rows_come_back_to_their_callers_in_order() -> None:
 async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the_batch() -> None:
     step, scheduler = held_scheduler()
     running = asyncio.create_task(scheduler.submit(encoded(4), later()))
-    await asyncio.sleep(0)
+    await until(lambda: len(step.batches) == 1, "the first batch in flight")
     gone = asyncio.create_task(scheduler.submit(encoded(6, 6), later()))
     kept = [asyncio.create_task(scheduler.submit(encoded(5), later())) for _ in range(3)]
-    await asyncio.sleep(0)
+    await until(lambda: scheduler.queued == 5, "the other rows queued")
     gone.cancel()  # the caller timed out while queued
     step.fail_next = True  # the batch in flight fails
     step.gate.set()
@@ -173,9 +178,9 @@ async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the
 async def test_batches_keep_to_declared_shapes() -> None:
     step, scheduler = held_scheduler(shapes=Shapes(128, (16, 32, 64, 128), (1, 2, 4, 8)), max_rows=8)
     first = asyncio.create_task(scheduler.submit(encoded(5), later()))
-    await asyncio.sleep(0)
+    await until(lambda: len(step.batches) == 1, "the first batch in flight")
     five = [asyncio.create_task(scheduler.submit(encoded(3 + i), later())) for i in range(5)]  # 5 rows: 4 go, then 1
-    await asyncio.sleep(0)
+    await until(lambda: scheduler.queued == 5, "the five rows queued")
     step.gate.set()
     assert (await first)[:, 1].tolist() == [5]
     assert [(await t)[:, 1].tolist() for t in five] == [[3], [4], [5], [6], [7]]
@@ -195,7 +200,7 @@ async def test_only_the_work_ahead_refuses_a_caller_never_its_own_size() -> None
         backlog.service.observe(tokens, seconds)
     backlog.check(later(0.01))  # idle: admitted, however large it is and however little time it has
     running = asyncio.create_task(scheduler.submit(encoded(50), later()))  # 0.5 s of work ahead from now
-    await asyncio.sleep(0)
+    await until(lambda: len(step.batches) == 1, "the batch in flight")
     with pytest.raises(GatewayError) as refused:
         backlog.check(later(0.6))  # 0.5 s ahead is over 80% of 0.6 s
     assert refused.value.kind is ErrorKind.OVERLOADED and backlog.shedding
@@ -204,8 +209,8 @@ async def test_only_the_work_ahead_refuses_a_caller_never_its_own_size() -> None
     backlog.check(later(5))  # the same work ahead, time enough to wait for it: admitted
     assert not backlog.shedding
     admitted = asyncio.create_task(scheduler.submit(encoded(*[10] * 40), later(5)))
-    await asyncio.sleep(0)
-    assert scheduler.queued == 40 and backlog.pending == 50 + 400 and backlog.pending_rows == 41
+    await until(lambda: scheduler.queued == 40, "the admitted rows queued")
+    assert backlog.pending == 50 + 400 and backlog.pending_rows == 41
     step.gate.set()
     assert (await running)[:, 1].tolist() == [50] and (await admitted)[:, 1].tolist() == [10] * 40
     assert backlog.pending == 0 and backlog.pending_rows == 0 and backlog.service.calls == 4  # learned from both batches
@@ -215,22 +220,23 @@ async def test_only_the_work_ahead_refuses_a_caller_never_its_own_size() -> None
 async def test_a_running_batch_nobody_waits_for_is_cancelled_and_carries_the_latest_deadline() -> None:
     step, scheduler = held_scheduler()
     blocker = asyncio.create_task(scheduler.submit(encoded(4), later()))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(step.batches) == 1, "the blocker's batch in flight")
     deadlines = [later(5), later(9)]
     first = asyncio.create_task(scheduler.submit(encoded(5), deadlines[0]))
     second = asyncio.create_task(scheduler.submit(encoded(6), deadlines[1]))
-    await asyncio.sleep(0.01)
-    assert len(step.batches) == 1 and scheduler.queued == 2
+    await until(lambda: scheduler.queued == 2, "both rows queued")
+    assert len(step.batches) == 1
     blocker.cancel()  # its only caller gave up: the batch is cancelled and the next one starts
-    await asyncio.sleep(0.01)
-    assert step.cancelled == 1 and len(step.batches) == 2
+    await until(lambda: step.cancelled == 1 and len(step.batches) == 2, "the blocker's batch cancelled, the next sent")
     assert step.batches[1].shape[0] == 2 and step.deadlines[1] == deadlines[1]  # both callers, the later deadline
     first.cancel()
-    await asyncio.sleep(0.01)
-    assert step.cancelled == 1  # the second caller still waits for it
+    await asyncio.gather(first, return_exceptions=True)  # its caller's bookkeeping has run
+    assert not step.tasks[1].cancelling()  # the second caller still waits for it: no cancel was asked
     second.cancel()
-    await asyncio.sleep(0.01)
-    assert step.cancelled == 2  # nobody waits: the call is cancelled
+    await asyncio.gather(second, return_exceptions=True)
+    assert step.tasks[1].cancelling()  # nobody waits: the call is cancelled
+    await asyncio.gather(step.tasks[1], return_exceptions=True)
+    assert step.cancelled == 2
     step.gate.set()
     third = await scheduler.submit(encoded(7), later())
     assert third[:, 1].tolist() == [7] and scheduler.queued == 0
@@ -241,9 +247,9 @@ async def test_a_running_batch_nobody_waits_for_is_cancelled_and_carries_the_lat
 async def test_packed_batches_take_rows_in_arrival_order_under_the_token_budget_with_no_padding() -> None:
     step, scheduler = held_scheduler(layout="packed", max_tokens=100, max_rows=3)
     first = asyncio.create_task(scheduler.submit(encoded(5), later()))
-    await asyncio.sleep(0)
+    await until(lambda: len(step.batches) == 1, "the first batch in flight")
     rest = [asyncio.create_task(scheduler.submit(encoded(*lengths), later())) for lengths in ([90, 3], [7, 1, 2], [60])]
-    await asyncio.sleep(0)
+    await until(lambda: scheduler.queued == 6, "the other rows queued")
     step.gate.set()
     results = await asyncio.gather(first, *rest)
     for result, lengths in zip(results, ([5], [90, 3], [7, 1, 2], [60])):
@@ -258,14 +264,13 @@ async def test_packed_batches_take_rows_in_arrival_order_under_the_token_budget_
 async def test_a_packed_callers_rows_leave_the_backlog_the_moment_it_gives_up() -> None:
     step, scheduler = held_scheduler(layout="packed")
     running = asyncio.create_task(scheduler.submit(encoded(4), later()))
-    await asyncio.sleep(0)
+    await until(lambda: len(step.batches) == 1, "the first batch in flight")
     leaver = asyncio.create_task(scheduler.submit(encoded(30, 40), later()))
     stays = asyncio.create_task(scheduler.submit(encoded(6), later()))
-    await asyncio.sleep(0)
-    assert scheduler.backlog.pending == 80 and scheduler.queued == 3
+    await until(lambda: scheduler.queued == 3, "both callers' rows queued")
+    assert scheduler.backlog.pending == 80
     leaver.cancel()
-    await asyncio.gather(leaver, return_exceptions=True)
-    await asyncio.sleep(0)  # the caller's done-callback
+    await asyncio.gather(leaver, return_exceptions=True)  # its future's done-callback ran before the task woke
     assert scheduler.backlog.pending == 10 and scheduler.queued == 1  # counted out before any batch forms
     step.gate.set()
     assert (await running)[:, 1].tolist() == [4] and (await stays)[:, 1].tolist() == [6]

@@ -4,10 +4,12 @@ of a real tritonserver serving the fake-contract repository.
 Every hostile request below (invalid Unicode and invalid UTF-8, a 40 MB body with and without
 Content-Length, a 3-million-character text with `truncate: false`, JSON nested 100k deep, 10k
 inputs, loosely typed fields, a missing or wrong Content-Type) must get a 4xx in the one JSON error
-shape with a generated X-Request-ID, at once, while a stream of small valid /embed requests to the
-same gateway keeps answering 200 without slowing down. Requests are written on raw sockets, so that
-the body can be withheld, streamed in chunks, or be bytes no HTTP client library would send.
-`test_hostile_table` prints what was measured (input, status, type, seconds).
+shape with a generated X-Request-ID, without the gateway waiting for what it will not read (a
+withheld body is refused on the headers alone, a chunked one after little more than the limit),
+while a stream of small valid /embed requests to the same gateway keeps answering 200 between any
+two hostile requests. Requests are written on raw sockets, so that the body can be withheld,
+streamed in chunks, or be bytes no HTTP client library would send. `test_hostile_table` prints
+what was measured (input, status, type, seconds, the stream's latencies): a record, not asserted.
 
 Also here: request-id sanitising, API-key protection of the inference and model routes (the
 operational routes stay public), and the default body limit in front of a huge text.
@@ -29,10 +31,12 @@ from typing import Any
 
 import httpx
 import pytest
+import tritonclient.grpc as grpcclient
 
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
 from gateway.settings import GatewaySettings
+from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
 MIB = 1024 * 1024
@@ -192,6 +196,7 @@ class Run:
     quiet: list[float] = field(default_factory=list)
     during: list[float] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
+    between: list[int] = field(default_factory=list)  # stream calls answered after each hostile request
 
 
 def p(values: list[float], q: float) -> float:
@@ -216,12 +221,17 @@ async def measure(port: int) -> Run:
 
     workers = [asyncio.create_task(stream(w)) for w in range(STREAM_WORKERS)]
     try:
-        await asyncio.sleep(1.5)  # the stream alone
+        await until(lambda: len(run.quiet) >= 10 * STREAM_WORKERS, "the stream alone answering")
         phase["latencies"] = run.during
         for _ in range(ROUNDS):
             for case in HOSTILE:
                 reply = await asyncio.to_thread(send_hostile, port, case)
                 run.replies.setdefault(case.name, []).append(reply)
+                answered = len(run.statuses)
+                # the stream goes on: a valid call is answered before the next hostile request (a gateway
+                # stuck on the hostile one would fail this wait)
+                await until(lambda: len(run.statuses) > answered, f"a valid call answered after {case.name!r}")
+                run.between.append(len(run.statuses) - answered)
     finally:
         stop.set()
         await asyncio.gather(*workers)
@@ -250,17 +260,17 @@ def test_hostile_input_gets_a_clear_4xx_at_once(hostile_run: Run, case: Hostile)
         assert set(error) == {"type", "message"} and error["type"] == case.type and error["message"], error
         assert reply.headers["content-type"] == "application/json"
         assert GENERATED_ID.fullmatch(reply.headers["x-request-id"]), reply.headers
-        assert reply.seconds < 1.0, f"{case.name}: answered after {reply.seconds:.3f}s"
-        # "withheld": no body byte was written, so answering at all (within the second) means answering on
-        # the headers alone
+        # "withheld": no body byte was written, so an answer at all is an answer on the headers alone
+        # (`exchange` fails after its timeout when none comes)
         if case.mode == "chunked":
             assert reply.sent < HUGE // 2, reply.sent  # the gateway stopped reading soon after its limit
 
 
-def test_valid_traffic_is_not_slowed_meanwhile(hostile_run: Run) -> None:
+def test_valid_traffic_keeps_flowing_meanwhile(hostile_run: Run) -> None:
+    """Every valid call of the stream is answered 200, and calls were answered between any two hostile
+    requests (`measure` waits for one after each)."""
     assert hostile_run.statuses and set(hostile_run.statuses) == {200}, set(hostile_run.statuses)
-    assert len(hostile_run.during) >= 20, len(hostile_run.during)
-    assert p(hostile_run.during, 99) < 1.0, (p(hostile_run.during, 99), max(hostile_run.during))
+    assert len(hostile_run.between) == ROUNDS * len(HOSTILE) and min(hostile_run.between) >= 1
 
 
 def test_gateway_logged_no_error(hostile_run: Run, hostile_gateway: GatewayProcess) -> None:
@@ -292,10 +302,16 @@ def test_hostile_table(hostile_run: Run, capsys: pytest.CaptureFixture[str]) -> 
     assert len(rows) == len(HOSTILE)
 
 
+def inferences(triton: TritonServer, model: str) -> int:
+    """Triton's count of the requests `model` executed (successfully)."""
+    stats = grpcclient.InferenceServerClient(triton.grpc_url).get_inference_statistics(model, as_json=True)
+    return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    ("pipeline", "local_tokenizer", "limit_s"),
-    [("scheduler", True, 1.0), ("ensemble", True, 1.0), ("ensemble", False, 3.0)],
+    ("pipeline", "local_tokenizer"),
+    [("scheduler", True), ("ensemble", True), ("ensemble", False)],
     ids=["scheduler", "ensemble", "ensemble-remote-triton"],
 )
 async def test_longest_text_with_truncate_false_on_a_real_tokenizer(
@@ -303,14 +319,14 @@ async def test_longest_text_with_truncate_false_on_a_real_tokenizer(
     python_repository: Path,
     pipeline: str,
     local_tokenizer: bool,
-    limit_s: float,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The longest text the gateway takes (GATEWAY_MAX_INPUT_CHARS, real words) with `truncate: false` on
-    the tiny BERT repository: 413 input_too_long, fast, while small requests keep flowing. Where the gateway
-    can read the repository's tokenizer it refuses before any inference (under a second); without it (a
-    remote Triton) Triton's own tokenizer instance must count the tokens first, and the small requests wait
-    behind it: bounded by the character cap, measured 0.1-0.6 s on the 2-core machine."""
+    the tiny BERT repository: 413 input_too_long, while small requests keep being served. Where the gateway
+    can read the repository's tokenizer it refuses before any inference (neither Triton's tokenizer nor the
+    model step sees the text); without it (a remote Triton) the ensemble runs it once (its tokenizer counts
+    the tokens, the model step gets them cut to max_seq_len) and the gateway refuses it from that count.
+    Proved from Triton's statistics; the time is printed, not asserted (0.1-0.6 s on the 2-core machine)."""
     settings = GatewaySettings()
     text = ("the quick brown fox jumps over the lazy dog " * (settings.max_input_chars // 44 + 1))[
         : settings.max_input_chars
@@ -321,35 +337,39 @@ async def test_longest_text_with_truncate_false_on_a_real_tokenizer(
     ) as (_, client):
         small = {"model": "tinyemb", "inputs": ["a short text"]}
         assert (await client.post("/embed", json=small)).status_code == 200
+        steps = {m: inferences(triton_server, m) for m in ("tinyemb_tokenizer", "tinyemb_onnx")}
         start = time.perf_counter()
         big = asyncio.ensure_future(client.post("/embed", json={"model": "tinyemb", "inputs": text, "truncate": False}))
         latencies = []
-        while not big.done():
+        while not big.done() or not latencies:  # at least one small call after the big one was sent
             t = time.perf_counter()
             r = await client.post("/embed", json=small)
             latencies.append(time.perf_counter() - t)
             assert r.status_code == 200
         refused = await big
         seconds = time.perf_counter() - start
+        ran = {m: inferences(triton_server, m) - n for m, n in steps.items()}
     with capsys.disabled():
         where = "gateway tokenizer" if local_tokenizer else "no gateway tokenizer"
         print(f"\n{pipeline} ({where}): {len(text)}-character text, truncate false on tinyemb: {refused.status_code} "
               f"{refused.json()['error']['type']} in {seconds:.3f} s; {len(latencies)} small calls meanwhile, "
               f"max {max(latencies, default=0) * 1000:.1f} ms")
     assert refused.status_code == 413 and refused.json()["error"]["type"] == "input_too_long", refused.text
-    assert seconds < limit_s and max(latencies, default=0) < limit_s
+    smalls, big_ran = len(latencies), 0 if local_tokenizer else 1
+    assert ran["tinyemb_onnx"] == smalls + big_ran, ran
+    # the scheduler tokenizes in the gateway; the ensemble's tokenizer runs each text it is sent
+    assert ran["tinyemb_tokenizer"] == {"scheduler": 0, "ensemble": smalls}[pipeline] + big_ran, ran
 
 
 @pytest.mark.anyio
 async def test_default_body_limit_refuses_a_huge_text_before_reading_it(fake_triton: TritonServer) -> None:
-    """With the default GATEWAY_MAX_BODY_BYTES (2 MiB), the 3-million-character text never reaches the parser."""
+    """With the default GATEWAY_MAX_BODY_BYTES (2 MiB), the 3-million-character text never reaches the parser
+    (the body limit answers, not the input length check)."""
     body = {"inputs": "a" * 3_000_000, "truncate": False}
     async with running_gateway(fake_triton.grpc_url, shm_prefix="gwhostdef") as (_, client):
-        start = time.perf_counter()
         r = await client.post("/embed", json=body)
-        seconds = time.perf_counter() - start
     assert r.status_code == 413 and r.json()["error"]["type"] == "body_too_large", r.text
-    assert GENERATED_ID.fullmatch(r.headers["x-request-id"]) and seconds < 1.0
+    assert GENERATED_ID.fullmatch(r.headers["x-request-id"])
 
 
 @pytest.mark.parametrize(
@@ -405,4 +425,9 @@ def test_api_keys_protect_inference_and_models_not_operations(
         for path in ("/healthz", "/readyz", "/metrics"):
             r = client.get(path)
             assert r.status_code == 200 and r.headers["x-request-id"], (path, r.text)
+        # every refusal is counted on its own route (this gateway process's own registry), none as unmatched
+        refused = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in client.get("/metrics").text.splitlines()
+                   if line.startswith("gateway_requests_total{") and 'status="401"' in line}
+        assert {k.split('route="')[1].split('"')[0]: v for k, v in refused.items()} == {
+            path: 5.0 for _, path, _ in protected}, refused
     assert "k3y" not in log.read_text()

@@ -33,6 +33,7 @@ from tests.fixtures.tiny_models import (
     write_tiny_splade,
     write_tiny_xlmr,
 )
+from tests.fixtures.triton import serving
 from tests.gateway.conftest import running_gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -74,7 +75,7 @@ def repository(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def triton(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     log = tmp_path_factory.mktemp("issue23_logs") / "triton.log"
-    with TritonServer(repository=repository, log_path=log) as server:
+    with serving(TritonServer(repository=repository, log_path=log)) as server:
         yield server
 
 

@@ -31,6 +31,9 @@ from loadtest.corpus import fixed_length_corpus
 from loadtest.models import make_bert
 from loadtest.storm import Retry, StormReport, StormSettings, run_storm_sync, triton_embedding
 from tests.fixtures.repository import PYTHON_CPU, build_repository
+from tests.fixtures.metrics import delta
+from tests.fixtures.triton import serving
+from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
 MODEL = "stormemb"
@@ -52,7 +55,7 @@ def storm_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def storm_triton(storm_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     log = tmp_path_factory.mktemp("storm_logs") / "tritonserver.log"
-    with TritonServer(repository=storm_repository, log_path=log) as server:
+    with serving(TritonServer(repository=storm_repository, log_path=log)) as server:
         yield server
 
 
@@ -170,25 +173,35 @@ async def test_the_cost_of_a_call_is_learned_within_a_few_batched_calls(
         assert measured / 3 <= predicted <= measured * 3, (predicted, measured, per_call, per_token)
 
 
+def executions(triton: TritonServer, model: str) -> int:
+    """Triton's count of `model`'s successful inferences (counted once an execution has finished)."""
+    stats = grpcclient.InferenceServerClient(triton.grpc_url).get_inference_statistics(model, as_json=True)
+    return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
+
+
 @pytest.mark.anyio
-async def test_an_abandoned_calls_region_is_reused_only_after_triton_lets_go(fake_triton: TritonServer) -> None:
+async def test_an_abandoned_calls_region_is_reused_only_after_triton_lets_go(
+    fake_triton: TritonServer, tmp_path: Path
+) -> None:
     prefix = "gwretire"
+    gate = tmp_path / "release"  # the fake model holds the call until this file exists
     async with running_gateway(fake_triton.grpc_url, shm_prefix=prefix, shm_pool_size=1, request_timeout_s=0.5) as (
         app, client,
     ):
         pool = app.state.runtime.client.pools["fakeemb_onnx_ensemble"]
-        started = time.monotonic()
-        slow = await client.post("/embed", json={"model": "fakeemb", "inputs": ["sleep:1.5 a"], "normalize": False, "backend": "onnx"})
+        done_before = executions(fake_triton, "fakeemb_onnx")
+        slow = await client.post("/embed", json={"model": "fakeemb", "inputs": [f"hold:{gate} a"], "normalize": False,
+                                                 "backend": "onnx"})
         assert slow.status_code == 504 and slow.json()["error"]["type"] == "timeout"
-        # Triton still executes the abandoned call and holds the region: it stays out of the pool,
-        # while other models are served as usual.
+        # Triton still executes the abandoned call (held at the gate) and holds the region: it stays out of
+        # the pool, while other models are served as usual.
         assert pool.free == 0
         other = await client.post("/classify", json={"model": "fakecls", "inputs": ["meanwhile"]})
         assert other.status_code == 200
-        assert time.monotonic() - started < 1.4 and pool.free == 0
-        while pool.free == 0 and time.monotonic() - started < 10:
-            await asyncio.sleep(0.05)
-        assert pool.free == 1 and time.monotonic() - started >= 1.4  # back once Triton finished the call
+        assert pool.free == 0 and executions(fake_triton, "fakeemb_onnx") == done_before  # still held, still out
+        gate.touch()  # Triton finishes the call
+        await until(lambda: pool.free == 1, "the region back in the pool")
+        assert executions(fake_triton, "fakeemb_onnx") == done_before + 1  # back once Triton finished the call
         status = grpcclient.InferenceServerClient(fake_triton.grpc_url).get_system_shared_memory_status(as_json=True)
         assert pool.regions[0].name in status.get("regions", {})  # registered again
         text = "through the region again"
@@ -209,13 +222,16 @@ async def test_a_shedding_model_refuses_before_the_body_is_validated_or_tokenize
         backlog.service.observe(1000, 1.0)  # as if measured: 1 ms a token
         backlog.add(10**6, 10**4)  # as if a huge backlog were queued: minutes of work ahead
         invalid = {"model": MODEL, "inputs": [], "no_such_field": 1}  # a 422 once validated
+        before = (await client.get("/metrics")).text
         for path, body in (("/embed", embed_body(["x"])), ("/embed", invalid), (f"/tei/{MODEL}/embed", {"inputs": "x"})):
             refused = await client.post(path, json=body)
             assert refused.status_code in (503, 429), (path, refused.text)  # TEI's convention: 429
             assert int(refused.headers["retry-after"]) >= 1
         assert backlog.shedding
-        metrics = (await client.get("/metrics")).text
-        assert 'route="/embed"' in metrics and f'route="/tei/{{model}}/embed"' in metrics
+        after = (await client.get("/metrics")).text
+        counted = {route: sum(delta(before, after, "gateway_requests_total", route=route, status=status)
+                              for status in ("429", "503")) for route in ("/embed", "/tei/{model}/embed", "unmatched")}
+        assert counted == {"/embed": 2, "/tei/{model}/embed": 1, "unmatched": 0}, counted  # each on its route
         backlog.done(10**6, 10**4)  # the work drained: served again at once
         assert (await client.post("/embed", json=embed_body(["x"]))).status_code == 200
         assert (await client.post("/embed", json=invalid)).status_code == 422 and not backlog.shedding

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from devstack.tritonserver import TritonServer
 from loadtest.corpus import CorpusSpec, make_corpus
+from tests.fixtures.metrics import metric
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_bert import reference
 
@@ -38,18 +39,6 @@ def step_counts(url: str, model: str) -> tuple[int, int]:
     stats = grpcclient.InferenceServerClient(url).get_inference_statistics(model, as_json=True)
     entry = stats["model_stats"][0]
     return int(entry.get("inference_count", 0)), int(entry.get("execution_count", 0))
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
 
 
 async def test_gateway_tokenizer_matches_the_builders_and_tritons(

@@ -21,10 +21,16 @@ def unit(text: str) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def test_two_workers_openai_client_metrics_and_no_leak(fake_repository: Path, tmp_path: Path) -> None:
+def test_two_workers_openai_client_metrics_and_no_leak(
+    fake_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prefix = "gwstack"
+    temp = tmp_path / "tmp"  # the gateway's TMPDIR: where its multiprocess metrics directory goes
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     stack = LocalStack(fake_repository, gateway_settings={"workers": "2", "shm_prefix": prefix}, log_dir=tmp_path)
     with stack:
+        assert [p.name for p in temp.iterdir()][0].startswith("gateway-metrics-")
         assert stack.gateway is not None
         url = stack.gateway.url
         deadline = time.monotonic() + 20  # /healthz answered as soon as the first worker was up
@@ -56,7 +62,11 @@ def test_two_workers_openai_client_metrics_and_no_leak(fake_repository: Path, tm
         assert float(line.rsplit(" ", 1)[1]) == 20.0
         assert "gateway_shm_regions 96.0" in metrics
         gateway = stack.gateway
+        gateway.stop()  # gracefully, as LocalStack would; Triton's graceful stop is not this test's subject
+        assert stack.triton is not None
+        stack.triton.stop(kill=True)
     assert gateway.process is not None and gateway.process.returncode == 0
     assert shm_segments(prefix) == []  # every worker unlinked its regions
+    assert list(temp.iterdir()) == []  # nor is its metrics directory left behind
     log = (tmp_path / "gateway.log").read_text()
     assert '"request_id"' in log and '"level":"info"' in log  # structured JSON access log

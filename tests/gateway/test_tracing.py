@@ -36,6 +36,7 @@ from gateway import tracing
 from gateway.app import create_app
 from gateway.logs import JsonFormatter
 from gateway.settings import GatewaySettings
+from tests.fixtures.triton import serving
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -338,7 +339,7 @@ def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         triton = TritonServer(repository=fake_repository, extra_args=tuple(flags), log_path=tmp_path / "triton.log")
-        with triton, GatewayProcess(triton.grpc_url, settings={"shm_prefix": "gwotlp"}, log_path=tmp_path / "gw.log") as gw:
+        with serving(triton), GatewayProcess(triton.grpc_url, settings={"shm_prefix": "gwotlp"}, log_path=tmp_path / "gw.log") as gw:
             for i in range(CALLS):
                 r = httpx.post(f"{gw.url}/embed", json={"model": "fakeemb", "inputs": [f"hello traced world {i}"]},
                                timeout=30)
@@ -350,7 +351,9 @@ def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
             # Triton traces every call (rate 1), joined or not; exports arrive within ~0.1 s, and the
             # margin is for a loaded 2-core machine
             wait_for(lambda: len(named("triton")) >= CALLS and len(named("InferRequest")) >= CALLS)
-            time.sleep(0.5)  # the rest of Triton's batch
+            # and the rest of each of Triton's traces (the ensemble, its step, the compute span)
+            wait_for(lambda: all(len([s for s in receiver.spans if s["service"] == "triton" and s["name"].endswith(end)])
+                                 >= CALLS for end in ("_ensemble", "fakeemb_onnx", "compute")))
     assert receiver.content_types == {"application/x-protobuf", "application/json"}
     calls = named("triton")
     assert len(calls) == CALLS and len(named("InferRequest")) == CALLS

@@ -1,24 +1,30 @@
-"""Fixtures of the load-test tests: the devstack (real tritonserver + real gateway process) on the fake repository."""
+"""Fixtures of the load-test tests: a real gateway process (1 worker, shm) in front of the session's
+fake-contract tritonserver (tests/conftest.py), as devstack runs them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from devstack.fake_repository import write_fake_repository
-from devstack.stack import LocalStack
+from devstack.gateway import GatewayProcess
+from devstack.tritonserver import TritonServer
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What the load tests call: Triton directly (gRPC, shm) and the gateway (HTTP)."""
+
+    triton: TritonServer
+    gateway: GatewayProcess
 
 
 @pytest.fixture(scope="session")
-def lt_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_fake_repository(tmp_path_factory.mktemp("lt_repository"))
-
-
-@pytest.fixture(scope="session")
-def lt_stack(lt_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    """tritonserver + `python -m gateway` (1 worker, shm) on the fake repository."""
-    logs = tmp_path_factory.mktemp("lt_logs")
-    with LocalStack(lt_repository, gateway_settings={"workers": "1", "shm": "system"}, log_dir=logs) as stack:
-        yield stack
+def lt_stack(fake_triton: TritonServer, fake_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`python -m gateway` (1 worker, system shm) on the fake repository's shared tritonserver."""
+    log = tmp_path_factory.mktemp("lt_logs") / "gateway.log"
+    settings = {"workers": "1", "shm": "system", "repository": str(fake_repository), "shm_prefix": "gwloadtest"}
+    with GatewayProcess(fake_triton.grpc_url, settings=settings, log_path=log) as gateway:
+        yield Stack(fake_triton, gateway)

@@ -1,5 +1,9 @@
 """The GPU-host benchmark scripts run end to end here too (CPU providers, tiny shapes), so they do not
-rot between device sessions: their numbers here mean nothing, their plumbing does."""
+rot between device sessions: their numbers here mean nothing, their plumbing does.
+
+The two whole-stack scripts (bench7: builder, tritonserver, gateway, load steps; cold_shapes: two
+sweeps of onnxruntime sessions) cost half a minute of the default run's 5: they are `slow`, run them
+before a device session with `scripts/test -m slow tests/loadtest/test_benchmark_scripts.py`."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ def test_model_step_times_every_variant_and_checks_it_against_pytorch(tmp_path: 
     assert all(row["min_cosine_vs_fp32"] > 0.999 for row in record["rows"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cold_shapes_reports_both_sweeps() -> None:
     out = run_module("loadtest.cold_shapes", "--shape", "tiny", "--only", "default")
@@ -39,6 +44,7 @@ def test_cold_shapes_reports_both_sweeps() -> None:
     assert "batch 1..48 x 128: cold" in line and "8 x width 8..512: cold" in line
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: Path) -> None:
     run_module("loadtest.bench7", "--name", "t", "--shape", "tiny", "--device", "cpu", "--parts", "scheduler",

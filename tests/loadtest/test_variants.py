@@ -14,6 +14,7 @@ from loadtest.variants import (
     read_config,
     without_dynamic_batching,
 )
+from tests.fixtures.triton import serving
 
 
 def _with_batching(name: str, config: object) -> bool:
@@ -29,7 +30,7 @@ def test_without_dynamic_batching_loads_and_serves(tmp_path: Path) -> None:
     off = without_dynamic_batching(repo, tmp_path / "off")
     assert not read_config(off / "fakeemb_onnx").HasField("dynamic_batching")
     assert read_config(repo / "fakeemb_onnx").HasField("dynamic_batching"), "original untouched"
-    with TritonServer(repository=off) as server:
+    with serving(TritonServer(repository=off)) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert client.is_model_ready("fakeemb_onnx_ensemble")
 

@@ -6,7 +6,7 @@ base (scripts/build-local-base) with wheels from docker/wheelhouse (scripts/fill
 Triton is the PyPI-wheel tritonserver, the builder builds two tiny random BERT models (written
 here, mounted into the builder) with `--runtime python --device cpu --formats onnx`. Checks
 /classify and /embed through the published port (tensors over system shared memory between the
-gateway and Triton containers), both Prometheus targets up, the README's update workflow under a
+gateway and Triton containers), both Prometheus targets up, the update workflow of docs/deployment.md under a
 background load (`docker compose run --rm builder` builds version 2 of the embedder from other
 weights, the admin reload switches to it: answers change, no request fails, every answer is the old
 or the new vector), the second `up` reusing the built repository (the host folder
@@ -24,7 +24,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import yaml
 
 from devstack.tritonserver import free_port
 from tests.fixtures.tiny_models import HIDDEN_SIZE, LABELS, write_tiny_classifier, write_tiny_embedder
+from tests.fixtures.waiting import wait_until
 from tests.stack.tools import REPO_ROOT, clean_environment, compose_command, ensure_tools
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -54,7 +54,9 @@ class Stack:
     """One Compose project of the local CPU variant, with free host ports."""
 
     workdir: Path
-    project: str = field(default_factory=lambda: f"bert-e2e-{uuid.uuid4().hex[:8]}")
+    # One fixed project name: compose labels the images it builds with it, so a random name per run
+    # would rebuild every image and leave the previous ones dangling (<none>).
+    project: str = field(default_factory=lambda: os.environ.get("E2E_PROJECT", "bert-e2e"))
     ports: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,6 +144,13 @@ def write_inputs(workdir: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+def dangling_images(project: str) -> list[str]:
+    """Untagged (<none>) images that compose built for `project`."""
+    label = f"label=com.docker.compose.project={project}"
+    return subprocess.run(["docker", "images", "-q", "--filter", "dangling=true", "--filter", label],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
 def project_leftovers(project: str) -> list[str]:
     label = f"label=com.docker.compose.project={project}"
     containers = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True).stdout.split()
@@ -162,6 +171,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     tmp_path.chmod(0o755)
     write_inputs(tmp_path)
     stack = Stack(tmp_path)
+    stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "10", check=False)  # an aborted run's
     try:
         yield stack
     finally:
@@ -173,7 +183,7 @@ def embed(stack: Stack) -> tuple[int, Any]:
 
 
 def update_under_load(stack: Stack) -> float:
-    """The README's update workflow while a client calls /embed in a loop: build version 2 (the spec
+    """The update workflow of docs/deployment.md while a client calls /embed in a loop: build version 2 (the spec
     now names other weights), reload, check readiness. Returns the seconds the three commands took."""
     status, body = embed(stack)
     assert status == 200, body
@@ -202,7 +212,8 @@ def update_under_load(stack: Stack) -> float:
         status, body = http_json(stack.url("GATEWAY_PUBLISHED_PORT", "/readyz"))  # 3: readiness
         assert status == 200 and body["families"] == {"tinycls": "ready", "tinyemb": "ready"}, body
         took = time.monotonic() - start
-        time.sleep(1)
+        ready_at = len(answers)
+        wait_until(lambda: len(answers) >= ready_at + 5, "answers after the reload", within_s=120)  # the new model's
     finally:
         stop.set()
         client.join()
@@ -228,6 +239,11 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
     start = time.monotonic()
     stack.compose("build")
     timings["build_s"] = time.monotonic() - start
+    # The fixed tags now name the new images; a code change leaves the old ones untagged: remove them
+    # (only this project's), so that runs do not pile up <none> images.
+    subprocess.run(["docker", "image", "prune", "--force", "--filter",
+                    f"label=com.docker.compose.project={stack.project}"], capture_output=True, check=True)
+    assert dangling_images(stack.project) == []
 
     start = time.monotonic()
     stack.compose("up", "-d")

@@ -214,3 +214,16 @@ def test_cuda_shm_override_gives_the_gateway_tritons_gpu_and_namespaces() -> Non
     assert gateway["ipc"] == "service:triton" and gateway["pid"] == "service:triton"
     plain = compose_config("gpu", ENV_EXAMPLE)["services"]["gateway"]
     assert plain["environment"]["GATEWAY_SHM"] == "system" and not gpu_devices(plain) and "pid" not in plain
+
+
+def test_compose_headers_name_real_commands() -> None:
+    """The commands the Compose files' header comments give exist, and take no flag they would refuse."""
+    mentioned = 0
+    for compose in sorted(REPO_ROOT.glob("compose*.yaml")):
+        header = [line for line in compose.read_text().splitlines() if line.startswith("#")]
+        for line in header:
+            for script, flags in re.findall(r"(scripts/[\w-]+)((?: --?[\w-]+)*)", line):
+                mentioned += 1
+                assert (REPO_ROOT / script).is_file() and (REPO_ROOT / script).stat().st_mode & 0o111, (compose.name, script)
+                assert not flags.strip(), f"{compose.name}: `{script}{flags}`: these scripts take no such flag"
+    assert mentioned >= 2
