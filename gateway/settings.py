@@ -52,11 +52,11 @@ class GatewaySettings(BaseSettings):
         "/embed_sparse of bge-m3-style models; at least max_seq_len): the shm regions of such an output hold "
         "about 1.25 x this + max_seq_len tokens x floats per token x 4 bytes.",
     )
-    max_batches_in_flight: int | None = Field(
-        None, ge=1, description="Batches a worker keeps in flight per model step; texts queue and batch behind "
-        "them. Empty = by the step's device: 1 on a GPU (bigger batches; Triton runs the batches of all workers "
-        "side by side on the step's instances, measured best, loadtest/results/h100-20-tuning), 2 on a CPU (the "
-        "next batch waits in Triton while one runs).",
+    max_batches_in_flight: int = Field(
+        2, ge=1, description="Batches in flight to a model step per instance Triton runs of it (all its GPUs), "
+        "shared by the workers: each worker keeps ceil(this x instances / workers), at least 1 (the ensemble "
+        "pipeline: that many max-size chunks of texts). Texts queue and batch behind them. 2 = one per worker "
+        "with 8 workers on a GPU's 4 instances, measured best on the H100 (loadtest/results/h100-20-tuning).",
     )
     batch_call_cost_tokens: int | None = Field(
         None, ge=0, description="What one more model call costs, in tokens, when batches are cut by length "

@@ -109,6 +109,7 @@ class Endpoint:
     accelerator: OnnxAccelerator = "none"  # onnx: how the onnxruntime backend runs the step (ensemble parameter)
     precision: str = ""  # the step's `precision` parameter (fp16, fp32); "" when the step's config is not known
     step_layout: Layout = "padded"  # packed: the step takes packed batches (docs/contract.md)
+    step_instances: int = 1  # instances Triton runs of the step (over every GPU it sees)
     # per-token outputs of the step (docs/contract.md): name -> floats per token (0: one weight per token)
     token_outputs: tuple[tuple[str, int], ...] = ()
     step_max_tokens: int = 0  # the step's token budget of one call (parameter max_batch_tokens; 0 = not declared)
@@ -180,6 +181,16 @@ def _on_gpu(config: model_config_pb2.ModelConfig) -> bool:
     return any(g.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU for g in groups) or (
         config.platform == "tensorrt_plan"
     )
+
+
+def _instances(config: model_config_pb2.ModelConfig) -> int:
+    """Instances Triton runs of a model: each group's count, on each of its GPUs for a KIND_GPU group (Triton
+    lists the GPUs it placed a group without a `gpus` list on in the config it serves)."""
+    total = 0
+    for group in config.instance_group:
+        gpus = len(group.gpus) if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU else 0
+        total += max(group.count, 1) * max(gpus, 1)
+    return max(total, 1)
 
 
 def _labels(text: str) -> tuple[str, ...]:
@@ -289,6 +300,7 @@ def parse_ensemble(
             step_rows=parse_sizes(step_params.get(Param.BATCH_ROWS, "")), accelerator=accelerator,
             precision=step_params.get(Param.PRECISION, ""),
             step_layout="packed" if step_params.get(Param.LAYOUT) == "packed" else "padded",
+            step_instances=_instances(step),
             token_outputs=_token_outputs(step), step_max_tokens=int(step_params.get(Param.MAX_BATCH_TOKENS, "0") or 0),
         )
     return model, endpoint

@@ -168,6 +168,8 @@ def test_no_dynamic_batching_and_instances(tiny_embedder_dir: Path, tmp_path: Pa
     assert step.platform == "onnxruntime_onnx" and step.backend == ""
     assert not step.HasField("dynamic_batching")
     assert step.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU and step.instance_group[0].count == 3
+    # no GPU list: Triton puts the instances on every GPU it sees (compose gives it every GPU of the host)
+    assert all(not group.gpus for group in step.instance_group)
     assert not (repo / "e_onnx" / "1" / "model.py").exists()
     assert step.parameters["intra_op_thread_count"].string_value == "2"
     tok = read_config(repo / "e_tokenizer" / "config.pbtxt")

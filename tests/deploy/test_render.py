@@ -170,7 +170,9 @@ def test_triton_runs_composes_command_in_explicit_mode(name: str) -> None:
     env = container_env(triton, objects, secrets={"bert-triton-s3": {}})
     assert "command" not in triton, "args only: the image's entrypoint stays, as with compose's `command:`"
     args = [expand(a, env) for a in triton["args"]]
-    compose = [compose_default(a) for a in compose_service("triton")["command"]]
+    command = compose_service("triton")["command"]
+    # compose runs triton-gpu-check first (sh -c '... && exec tritonserver "$@"' tritonserver ARGS); a pod has one GPU
+    compose = [compose_default(a) for a in command[command.index("tritonserver"):]]
 
     def control(argv: list[str]) -> list[str]:
         return [a for a in argv if a.startswith(("--model-control-mode=", "--load-model="))]

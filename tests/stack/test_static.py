@@ -68,7 +68,12 @@ def test_gpu_stack_config(env_file: Path) -> None:
     assert set(services) == {"builder", "triton", "gateway", "prometheus", "grafana"}
     for name in ("builder", "triton"):
         (device,) = gpu_devices(services[name])
-        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["device_ids"] == ["0"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    # the builder builds on one GPU; Triton takes every GPU of the host (Docker's count -1 = all)
+    assert gpu_devices(services["builder"])[0]["device_ids"] == ["0"]
+    assert gpu_devices(services["triton"])[0]["count"] == -1 and "device_ids" not in gpu_devices(services["triton"])[0]
+    pinned = compose_config("gpu-ids", env_file)["services"]["triton"]
+    assert gpu_devices(pinned) == [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
     assert services["builder"]["build"]["args"]["BASE_IMAGE"] == "nvcr.io/nvidia/tensorrt:24.12-py3"
     # Same NGC release for the engine builder and the server that loads the engines.
     assert services["triton"]["build"]["args"]["BASE_IMAGE"] == "nvcr.io/nvidia/tritonserver:24.12-py3"
@@ -227,3 +232,13 @@ def test_compose_headers_name_real_commands() -> None:
                 assert (REPO_ROOT / script).is_file() and (REPO_ROOT / script).stat().st_mode & 0o111, (compose.name, script)
                 assert not flags.strip(), f"{compose.name}: `{script}{flags}`: these scripts take no such flag"
     assert mentioned >= 2
+
+
+def test_the_dashboards_gpu_panels_draw_each_gpu() -> None:
+    """Triton's nv_gpu_* series carry gpu_uuid: a host of several GPUs shows one line per GPU, never a sum."""
+    dashboard = json.loads((REPO_ROOT / "monitoring/grafana/dashboards/bert-serving.json").read_text())
+    targets = [t for panel in dashboard["panels"] for t in panel.get("targets", []) if "nv_gpu_" in t.get("expr", "")]
+    assert len(targets) >= 3
+    for target in targets:
+        assert not re.search(r"\b(sum|avg|max|min)\s*\(", target["expr"]), target["expr"]
+        assert "{{gpu_uuid}}" in target["legendFormat"], target

@@ -13,6 +13,7 @@ COMPOSE_FILES = {
     "cpu": ("compose.yaml", "compose.cpu.yaml"),
     "local": ("compose.yaml", "compose.cpu.yaml", "compose.local.yaml"),
     "cuda-shm": ("compose.yaml", "compose.cuda-shm.yaml"),
+    "gpu-ids": ("compose.yaml", "compose.gpu-ids.yaml"),
 }
 
 
