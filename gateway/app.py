@@ -76,6 +76,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
         RequestContextMiddleware,
         request_id_header=settings.request_id_header,
         max_in_flight=settings.max_in_flight,
+        refusal_pause_s=min(settings.shed_pause_s, 1.0),
         max_body_bytes=settings.max_body_bytes,
         api_keys=settings.api_keys,
         admin_keys=settings.admin_keys,

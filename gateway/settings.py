@@ -67,14 +67,14 @@ class GatewaySettings(BaseSettings):
         "tokenized inline; others are tokenized together with concurrent ones in a worker thread.",
     )
     max_queue_wait_s: float = Field(
-        2.0, gt=0, description="Admit a request only when the work ahead of it is expected to be done within this "
+        1.0, gt=0, description="Admit a request only when the work ahead of it is expected to be done within this "
         "many seconds (and within 80% of its remaining deadline); else 503 `overloaded` with Retry-After (the "
         "expected time until that work is done). A request's own size never counts.",
     )
     shed_pause_s: float = Field(
         1.0, ge=0, description="While a model sheds load, a refused request is answered after this pause (at most "
-        "the expected wait; Retry-After says the rest), so that clients retrying at once cannot take the CPU the "
-        "admitted work needs; 0 = answer at once.",
+        "the expected wait; Retry-After says the rest), and so is a 429 over GATEWAY_MAX_IN_FLIGHT (at most 1 s), "
+        "so that clients retrying at once cannot take the CPU the admitted work needs; 0 = answer at once.",
     )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")

@@ -69,6 +69,7 @@ class RequestContextMiddleware:
 
     def __init__(
         self, app: ASGIApp, *, request_id_header: str, max_in_flight: int, max_body_bytes: int, api_keys: list[str],
+        refusal_pause_s: float = 0.0,
         admin_keys: list[str] | None = None,
     ) -> None:
         self.app = app
@@ -77,6 +78,7 @@ class RequestContextMiddleware:
         self.header = request_id_header.lower().encode()
         self.header_name = request_id_header.encode()
         self.max_in_flight = max_in_flight
+        self.refusal_pause_s = refusal_pause_s  # a 429 is answered after this pause (GATEWAY_SHED_PAUSE_S)
         self.max_body_bytes = max_body_bytes
         self.in_flight = 0
 
@@ -140,6 +142,8 @@ class RequestContextMiddleware:
         elif length is not None and length > self.max_body_bytes:
             await reply(413, "body_too_large", too_large)
         elif self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
+            if self.refusal_pause_s > 0:  # paced, like a shedding model's refusals (api/shedding.py)
+                await asyncio.sleep(self.refusal_pause_s)
             await reply(429, "rate_limited", "too many requests in flight", retry_after_s=1)
         else:
             self.in_flight += 1
