@@ -83,3 +83,17 @@ def test_long_context_load_measures_every_variant(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["warm-up bounded", "after"]
     assert all(r["load_s"] > 0 and r["peak_rss_gib"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_stack_check_compares_answers_and_times_the_hops(
+    python_repository: Path, tiny_embedder_dir: Path, tmp_path: Path
+) -> None:
+    """The H100 command of issue 20's answers-under-load check, on the shared tiny repository (CPU)."""
+    run_module("loadtest.stack_check", "--repository", str(python_repository), "--model", str(tiny_embedder_dir),
+               "--served", "tinyemb", "--texts", "16", "--concurrency", "4", "--repeats", "5", "--name", "t",
+               "--out", str(tmp_path))
+    record = json.loads((tmp_path / "t-stack-check" / "results.json").read_text())
+    assert set(record["answers"]) == {"scheduler", "ensemble"} and min(record["answers"].values()) >= 0.9999
+    assert len(record["hops_ms"]) == 5 and all(v > 0 for v in record["hops_ms"].values())
