@@ -1,6 +1,6 @@
 """The model step alone: onnxruntime (CUDA, fp16) on the builder's export against PyTorch fp16 SDPA.
 
-    python -m loadtest.model_step --name h100 [--shape base] [--ort-python PY]
+    python -m loadtest model-step --name h100 [--shape base] [--ort-python PY]
 
 Builds a random BERT embedder of `--shape` (loadtest.models), exports it as the builder does
 (builder.export, TorchScript exporter, pooling in the graph) and runs onnxruntime's transformer
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.machine import describe_machine
+from loadtest.ort_probe import in_child, min_cosine, time_variants
 from loadtest.report import RESULTS_DIR
 
 SHAPES = ((1, 16), (32, 128), (128, 128), (64, 512))  # (batch, seq): batch-1 short text, then the issue's three
@@ -166,64 +165,8 @@ def _now() -> float:
     return time.perf_counter()
 
 
-ORT_CHILD = r"""
-import json, sys, time
-import numpy as np
-import onnxruntime as ort
-spec = json.loads(sys.stdin.read())
-cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-out = {"onnxruntime": ort.__version__, "providers": providers, "variants": {}}
-for name, path in spec["variants"].items():
-    sess = ort.InferenceSession(path, providers=providers)
-    res = {"run_ms": {}, "iobinding_ms": {}, "outputs": {}}
-    for key, feed in spec["inputs"].items():
-        feed = {k: np.asarray(v, dtype=np.int32) for k, v in feed.items()}
-        for _ in range(5):
-            sess.run(None, feed)
-        samples = []
-        for _ in range(spec["repeats"]):
-            t0 = time.perf_counter(); result = sess.run(None, feed)[0]; samples.append(time.perf_counter() - t0)
-        res["run_ms"][key] = float(np.median(samples) * 1e3)
-        res["outputs"][key] = result[:8].tolist()  # the first rows are enough to compare
-        if cuda:
-            binding = sess.io_binding()
-            values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feed.items()}
-            for k, v in values.items():
-                binding.bind_ortvalue_input(k, v)
-            binding.bind_output(sess.get_outputs()[0].name, "cuda")
-            for _ in range(5):
-                sess.run_with_iobinding(binding)
-            samples = []
-            for _ in range(spec["repeats"]):
-                binding.synchronize_inputs()
-                t0 = time.perf_counter(); sess.run_with_iobinding(binding); binding.synchronize_outputs()
-                samples.append(time.perf_counter() - t0)
-            res["iobinding_ms"][key] = float(np.median(samples) * 1e3)
-    out["variants"][name] = res
-print("ORT-RESULT " + json.dumps(out))
-"""
-
-
-def time_ort(python: str, variants: dict[str, dict[str, Any]], cases: dict[str, dict[str, np.ndarray]],
-             repeats: int) -> dict[str, Any]:
-    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": repeats,
-            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
-    proc = subprocess.run([python, "-c", ORT_CHILD], input=json.dumps(spec), capture_output=True, text=True,
-                          check=False, env=os.environ.copy())
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("ORT-RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"onnxruntime child failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return dict(json.loads(line[len("ORT-RESULT "):]))
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.model_step", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest model-step", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="local")
     p.add_argument("--shape", default="base")
     p.add_argument("--ort-python", default=sys.executable, help="python with onnxruntime(-gpu) importable")
@@ -247,19 +190,25 @@ def main(argv: list[str] | None = None) -> int:
     variants = export_variants(model_dir, work / "onnx", float16=float16)
     cases = _cases(shapes, vocab)  # type: ignore[arg-type]
     torch_ms, refs, torch_desc = time_torch(model_dir, cases, args.repeats)
-    ort = time_ort(args.ort_python, variants, cases, args.repeats)
+    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": args.repeats, "warmup": 5,
+            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
+    ort = in_child(time_variants, spec, python=args.ort_python)
     rows, ratios = [], {}
     builder_variant = next(iter(variants))
-    for name, facts in variants.items():
-        res = ort["variants"][name]
+    for name in variants:
         for key in torch_ms:
-            cos = _cosine(np.asarray(res["outputs"][key], dtype=np.float32), refs[key][:8])
-            rows.append({"variant": name, "shape": key, "torch_ms": torch_ms[key], "ort_run_ms": res["run_ms"][key],
-                         "ort_iobinding_ms": res["iobinding_ms"].get(key), "min_cosine_vs_fp32": cos})
+            res = ort["variants"][name].get(key) or {"error": ort["variants"][name].get("error", "not run")}
+            if "error" in res:
+                rows.append({"variant": name, "shape": key, "torch_ms": torch_ms[key], "error": res["error"]})
+                continue
+            rows.append({"variant": name, "shape": key, "torch_ms": torch_ms[key], "ort_run_ms": res["run_ms"],
+                         "ort_iobinding_ms": res.get("iobinding_ms"),
+                         "min_cosine_vs_fp32": min_cosine(np.asarray(res["output"], np.float32), refs[key][:8])})
             if name == builder_variant and key != PADDED:
-                best = min(v for v in (res["run_ms"][key], res["iobinding_ms"].get(key)) if v is not None)
+                best = min(v for v in (res["run_ms"], res.get("iobinding_ms")) if v is not None)
                 ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, IO binding)"] = torch_ms[key] / best
-                ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, run)"] = torch_ms[key] / res["run_ms"][key]
+                ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, run)"] = \
+                    torch_ms[key] / res["run_ms"]
     record = {
         "name": f"{args.name}-model-step", "machine": describe_machine().model_dump(), "torch": torch_desc,
         "onnxruntime": ort["onnxruntime"], "providers": ort["providers"], "shape": args.shape,
@@ -275,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
              f"- bert shape `{args.shape}`, median of {args.repeats} runs", "",
              "| variant | batch x seq | PyTorch SDPA ms | ORT run ms | ORT IO-binding ms | min cosine vs fp32 |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['variant']} | {r['shape']} | {r['torch_ms']:.2f} | {r['ort_run_ms']:.2f} | "
+    lines += [f"| {r['variant']} | {r['shape']} | {r['torch_ms']:.2f} | failed: {r['error']} | | |" if "error" in r else
+              f"| {r['variant']} | {r['shape']} | {r['torch_ms']:.2f} | {r['ort_run_ms']:.2f} | "
               f"{r['ort_iobinding_ms'] if r['ort_iobinding_ms'] is None else round(r['ort_iobinding_ms'], 2)} | "
               f"{r['min_cosine_vs_fp32']:.5f} |" for r in rows]
     lines += ["", "| ratio (>= 1: onnxruntime at least as fast) | value |", "| --- | ---: |"]

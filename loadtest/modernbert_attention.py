@@ -10,9 +10,9 @@ PYTHONPATH) with IO binding on CUDA; a variant that fails at a shape (out of mem
 PyTorch runs the same weights with SDPA (fp16 on a GPU). Outputs are compared with PyTorch fp32 SDPA
 (mean-pooled, cosine). `--smoke` runs a tiny ModernBERT at tiny shapes on the CPU: the plumbing, not figures.
 
-    python3 -m loadtest.modernbert_attention --name h100 --out $OUT/results      # on the GPU host
-    python -m loadtest.modernbert_attention --smoke --out /tmp/mb                  # here
-    python -m loadtest.modernbert_attention --smoke --shapes 1x512,1x2048,2x8192 --repeats 5 --name local-2core-23 \
+    python3 -m loadtest modernbert-attention --name h100 --out $OUT/results      # on the GPU host
+    python -m loadtest modernbert-attention --smoke --out /tmp/mb                  # here
+    python -m loadtest modernbert-attention --smoke --shapes 1x512,1x2048,2x8192 --repeats 5 --name local-2core-23 \
         --out loadtest/results                                                    # tiny model, CPU figures
 """
 
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.machine import describe_machine
+from loadtest.ort_probe import in_child, min_cosine, time_variants
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHAPES = ((1, 2048), (8, 8192))
@@ -139,68 +138,8 @@ def time_torch(model_dir: Path, cases: dict[str, dict[str, np.ndarray]], repeats
     return results, refs, f"torch {torch.__version__} {device} {str(dtype).replace('torch.', '')} sdpa"
 
 
-ORT_CHILD = r"""
-import json, sys, time
-import numpy as np
-import onnxruntime as ort
-spec = json.loads(sys.stdin.read())
-cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-out = {"onnxruntime": ort.__version__, "providers": providers, "variants": {n: {} for n in spec["variants"]}}
-sessions = {}
-for name, path in spec["variants"].items():
-    try:
-        sessions[name] = ort.InferenceSession(path, providers=providers)
-    except Exception as exc:
-        out["variants"][name]["error"] = str(exc).splitlines()[0][:300]
-for key, feed in spec["inputs"].items():
-    feed = {k: np.asarray(v, dtype=np.int32) for k, v in feed.items()}
-    runs, samples = {}, {}
-    for name, sess in sessions.items():  # first runs, and what each variant answers
-        try:
-            if cuda:
-                binding = sess.io_binding()
-                for k, v in feed.items():
-                    binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-                binding.bind_output(sess.get_outputs()[0].name, "cuda")
-                run = lambda s=sess, b=binding: (s.run_with_iobinding(b), b.synchronize_outputs())
-            else:
-                run = lambda s=sess: s.run(None, feed)
-            first = time.perf_counter(); run(); first = time.perf_counter() - first
-            run()
-            runs[name], samples[name] = run, []
-            out["variants"][name][key] = {"first_ms": first * 1e3, "output": sess.run(None, feed)[0].tolist()}
-        except Exception as exc:
-            out["variants"][name][key] = {"error": str(exc).splitlines()[0][:300]}
-    for _ in range(spec["repeats"]):  # in turns: a shared machine's load weighs on every variant alike
-        for name, run in runs.items():
-            t0 = time.perf_counter(); run(); samples[name].append(time.perf_counter() - t0)
-    for name in runs:
-        out["variants"][name][key]["ms"] = float(np.median(samples[name]) * 1e3)
-print("ORT-RESULT " + json.dumps(out))
-"""
-
-
-def time_ort(python: str, variants: dict[str, dict[str, Any]], cases: dict[str, dict[str, np.ndarray]],
-             repeats: int) -> dict[str, Any]:
-    """Every variant at every shape in a child process (`python`: the one with onnxruntime-gpu)."""
-    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": repeats,
-            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
-    proc = subprocess.run([python, "-c", ORT_CHILD], input=json.dumps(spec), capture_output=True, text=True,
-                          check=False, env=os.environ.copy())
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("ORT-RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"onnxruntime child failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return dict(json.loads(line[len("ORT-RESULT "):]))
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.modernbert_attention", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest modernbert-attention", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="local")
     p.add_argument("--smoke", action="store_true", help="tiny ModernBERT, tiny shapes, CPU: check the plumbing")
     p.add_argument("--ort-python", default=sys.executable, help="python with onnxruntime(-gpu) importable")
@@ -221,18 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     variants = export_variants(model_dir, work / "onnx", float16=gpu)
     cases = _cases(shapes, 1000)
     torch_res, refs, torch_desc = time_torch(model_dir, cases, repeats)
-    ort = time_ort(args.ort_python, variants, cases, repeats)
+    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": repeats, "warmup": 1,
+            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
+    ort = in_child(time_variants, spec, python=args.ort_python)
     rows = []
     for name in variants:
         res = ort["variants"][name]
         for key in cases:
             got = res.get(key, {"error": res.get("error", "not run")})
+            ms = got.get("iobinding_ms", got.get("run_ms"))  # on CUDA inputs and output stay on the GPU
             row = {"variant": name, "shape": key, "torch_sdpa_ms": torch_res[key]["ms"],
-                   "torch_peak_gib": torch_res[key]["peak_gib"], "ort_ms": got.get("ms"),
+                   "torch_peak_gib": torch_res[key]["peak_gib"], "ort_ms": ms,
                    "ort_first_ms": got.get("first_ms"), "error": got.get("error")}
             if "output" in got:
-                row["min_cosine_vs_fp32"] = _cosine(np.asarray(got["output"], np.float32), refs[key])
-                row["speedup_vs_torch"] = torch_res[key]["ms"] / got["ms"]
+                row["min_cosine_vs_fp32"] = min_cosine(np.asarray(got["output"], np.float32), refs[key])
+                row["speedup_vs_torch"] = torch_res[key]["ms"] / ms
             rows.append(row)
     record = {"name": f"{args.name}-modernbert-attention", "machine": describe_machine().model_dump(),
               "torch": torch_desc, "onnxruntime": ort["onnxruntime"], "providers": ort["providers"],

@@ -1,5 +1,6 @@
-"""The GPU-host benchmark scripts run end to end here too (CPU providers, tiny shapes), so they do not
-rot between device sessions: their numbers here mean nothing, their plumbing does.
+"""The GPU-host benchmarks run end to end here too, through `python -m loadtest COMMAND` as on the host (CPU
+providers, tiny shapes), so they do not rot between device sessions: their numbers here mean nothing, their
+plumbing does.
 
 The two whole-stack scripts (bench7: builder, tritonserver, gateway, load steps; cold_shapes: two
 sweeps of onnxruntime sessions) cost half a minute of the default run's 5: they are `slow`, run them
@@ -17,8 +18,8 @@ import pytest
 from devstack.tritonserver import REPO_ROOT
 
 
-def run_module(*args: str, timeout: int = 300) -> str:
-    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO_ROOT,
+def run_loadtest(*args: str, timeout: int = 300) -> str:
+    proc = subprocess.run([sys.executable, "-m", "loadtest", *args], capture_output=True, text=True, cwd=REPO_ROOT,
                           timeout=timeout, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -26,7 +27,7 @@ def run_module(*args: str, timeout: int = 300) -> str:
 
 @pytest.mark.timeout(300)
 def test_model_step_times_every_variant_and_checks_it_against_pytorch(tmp_path: Path) -> None:
-    run_module("loadtest.model_step", "--name", "t", "--shape", "tiny", "--repeats", "2", "--shapes", "1x16",
+    run_loadtest("model-step", "--name", "t", "--shape", "tiny", "--repeats", "2", "--shapes", "1x16",
                "--float16", "yes", "--out", str(tmp_path), "--work", str(tmp_path / "work"))
     record = json.loads((tmp_path / "t-model-step" / "results.json").read_text())
     variants = {row["variant"] for row in record["rows"]}
@@ -39,7 +40,7 @@ def test_model_step_times_every_variant_and_checks_it_against_pytorch(tmp_path: 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cold_shapes_reports_both_sweeps() -> None:
-    out = run_module("loadtest.cold_shapes", "--shape", "tiny", "--only", "default")
+    out = run_loadtest("cold-shapes", "--shape", "tiny", "--only", "default")
     line = next(x for x in out.splitlines() if x.startswith("default"))
     assert "batch 1..48 x 128: cold" in line and "8 x width 8..512: cold" in line
 
@@ -47,7 +48,7 @@ def test_cold_shapes_reports_both_sweeps() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: Path) -> None:
-    run_module("loadtest.bench7", "--name", "t", "--shape", "tiny", "--device", "cpu", "--parts", "scheduler",
+    run_loadtest("bench7", "--name", "t", "--shape", "tiny", "--device", "cpu", "--parts", "scheduler",
                "--steps", "single text c=64,short text c=1", "--duration", "1.5", "--warmup", "0.5", "--procs", "1",
                "--workers", "1", "--corpus-size", "100", "--max-batch-size", "16", "--instances", "1",
                "--tokenizer-instances", "1", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=600)
@@ -63,7 +64,7 @@ def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: 
 @pytest.mark.timeout(300)
 def test_modernbert_attention_smoke_compares_fused_and_plain_exports(tmp_path: Path) -> None:
     """The H100 command of issue 23 (loadtest/device/README.md), here with --smoke (tiny model, CPU)."""
-    run_module("loadtest.modernbert_attention", "--smoke", "--name", "t", "--out", str(tmp_path),
+    run_loadtest("modernbert-attention", "--smoke", "--name", "t", "--out", str(tmp_path),
                "--work", str(tmp_path / "work"))
     record = json.loads((tmp_path / "t-modernbert-attention" / "results.json").read_text())
     fused = record["fused_ops"]["builder: fused MultiHeadAttention"]
@@ -76,9 +77,9 @@ def test_modernbert_attention_smoke_compares_fused_and_plain_exports(tmp_path: P
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_long_context_load_measures_every_variant(tmp_path: Path) -> None:
-    """loadtest.long_context_load end to end (slow: builds and loads an 8k model twice, ~25 s here):
+    """`python -m loadtest long-context` end to end (slow: builds and loads an 8k model twice, ~25 s here):
     `pytest -m slow tests/loadtest/test_benchmark_scripts.py -k long_context`."""
-    run_module("loadtest.long_context_load", "--rounds", "1", "--models", "modernbert-8k", "--variants",
+    run_loadtest("long-context", "--rounds", "1", "--models", "modernbert-8k", "--variants",
                "warm-up bounded,after", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=900)
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["warm-up bounded", "after"]
