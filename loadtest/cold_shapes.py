@@ -1,11 +1,11 @@
 """What a new input shape costs the model step: onnxruntime CUDA on the builder's fp16 graph.
 
-    python -m loadtest cold-shapes --model PATH/model.onnx [--name h100]
+    python -m loadtest cold-shapes [--model PATH/model.onnx] [--only default] [--profile | --all-variants]
 
 The gateway's batches and Triton's merged batches take many shapes (rows x padded width). This
 times every call of two sweeps in a fresh session, once cold and once warm: batch size 1..48 at
 width 128, and width 8..512 (step 8) at batch 8, under several session settings, each in its own
-process (some are environment variables read once). Prints, per setting, the median cold and warm
+process (loadtest.ort_probe; some settings are environment variables read once). Prints, per setting, the median cold and warm
 call per sweep; the difference is what each new shape costs.
 """
 

@@ -13,8 +13,9 @@ float16). Each variant is timed with onnxruntime's CUDA provider at the issue's 
 binding (inputs and output on the GPU: the graph's own time). PyTorch runs the same weights with
 `attn_implementation="sdpa"` in fp16 on the GPU, inputs on the GPU, mean pooling.
 Latency: median of CUDA-synchronized wall times after warm-up. Every variant's output is
-compared with PyTorch fp32 (cosine). onnxruntime runs in a child process of `--ort-python` (with
-onnxruntime-gpu importable; PYTHONPATH passes through), PyTorch in this one.
+compared with PyTorch fp32 (cosine). onnxruntime runs the variants in turns in a child process
+(loadtest.ort_probe) of `--ort-python` (with onnxruntime-gpu importable; PYTHONPATH passes through),
+PyTorch in this one.
 Results: loadtest/results/<name>-model-step/ (results.json, summary.md).
 """
 

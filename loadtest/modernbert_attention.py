@@ -5,8 +5,9 @@ plain export (attention unfused: the sliding window as a mask, n^2 per layer) an
 A random ModernBERT of the base shape (22 layers, hidden 768, 12 heads, 128-token local window every layer
 but each third, 8,192 positions: answerdotai/ModernBERT-base's config) is exported by the builder's own
 code twice (builder/attention.py's fused export, and the eager one), both through onnxruntime's transformer
-optimizer (fp16 on a GPU). Each variant runs in a child process (`--ort-python`, e.g. with onnxruntime-gpu on
-PYTHONPATH) with IO binding on CUDA; a variant that fails at a shape (out of memory) is recorded as failed.
+optimizer (fp16 on a GPU). The variants run in turns in a child process (loadtest.ort_probe on `--ort-python`,
+e.g. with onnxruntime-gpu on PYTHONPATH), timed with IO binding on CUDA; a variant that fails at a shape (out of
+memory) is recorded as failed.
 PyTorch runs the same weights with SDPA (fp16 on a GPU). Outputs are compared with PyTorch fp32 SDPA
 (mean-pooled, cosine). `--smoke` runs a tiny ModernBERT at tiny shapes on the CPU: the plumbing, not figures.
 

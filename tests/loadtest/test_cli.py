@@ -58,8 +58,10 @@ def test_every_command_in_the_docs_exists() -> None:
     found, stale = 0, []
     for doc in DOCS:
         for match in COMMAND.finditer(doc.read_text()):
-            found += 1
             module, command = (match["module"] or "").rstrip("."), match["command"]
+            if module and not module.islower():
+                continue  # a placeholder: loadtest.MODULE, loadtest.experiments.NAME
+            found += 1
             exists = importlib.util.find_spec(f"loadtest.{module}") is not None if module else \
                 command in (*SWEEPS, *BENCHMARKS)
             if not exists:
