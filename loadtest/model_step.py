@@ -22,7 +22,6 @@ Results: loadtest/results/<name>-model-step/ (results.json, summary.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -31,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from loadtest.machine import describe_machine
-from loadtest.ort_probe import in_child, min_cosine, time_variants
-from loadtest.report import RESULTS_DIR
+from loadtest.ort_probe import in_child, medians_in_turns, min_cosine, time_variants
+from loadtest.report import RESULTS_DIR, save_step_record
 
 SHAPES = ((1, 16), (32, 128), (128, 128), (64, 512))  # (batch, seq): batch-1 short text, then the issue's three
 
@@ -57,6 +56,23 @@ def _cases(shapes: tuple[tuple[int, int], ...], vocab: int) -> dict[str, dict[st
     return cases
 
 
+def export_settings(model_dir: Path, float16: bool, max_seq_len: int = 512, max_batch_size: int = 128,
+                    max_batch_tokens: int = 16384, merge_buckets: bool = True) -> Any:
+    """The builder's resolved settings for exporting `model_dir` as an embed step, fp16 on a GPU (its parity
+    skipped: the benchmark compares with PyTorch itself)."""
+    from builder.settings import ResolvedSettings
+
+    return ResolvedSettings(
+        model=str(model_dir), revision=None, task="embed", name="step", formats=["onnx"], max_seq_len=max_seq_len,
+        max_batch_size=max_batch_size, device="gpu" if float16 else "cpu", runtime="python", pooling="mean",
+        labels=None, length_buckets=[max_seq_len], dynamic_batching=True, max_queue_delay_us=100,
+        preferred_batch_sizes=[max_batch_size], instances=1, tokenizer_instances=1, onnx_threads=0, opset=17,
+        onnx_optimize=True, onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=max_batch_tokens,
+        batch_widths=[], batch_rows=[], merge_buckets=merge_buckets, trt_opt_batch_size=8, trt_workspace_mib=1024,
+        skip_parity=True,
+    )
+
+
 def export_variants(model_dir: Path, work: Path, float16: bool, builder_only: bool = False) -> dict[str, dict[str, Any]]:
     """The raw export and its optimizer variants (or the builder's form alone): name -> {path, fused}."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
@@ -71,17 +87,8 @@ def export_variants(model_dir: Path, work: Path, float16: bool, builder_only: bo
         optimize_for_onnxruntime,
         repair_float16_graph,
     )
-    from builder.settings import ResolvedSettings
 
-    settings = ResolvedSettings(
-        model=str(model_dir), revision=None, task="embed", name="step", formats=["onnx"], max_seq_len=512,
-        max_batch_size=128, device="gpu" if float16 else "cpu", runtime="python", pooling="mean", labels=None,
-        length_buckets=[512], dynamic_batching=True, max_queue_delay_us=100, preferred_batch_sizes=[128], instances=1,
-        tokenizer_instances=1, onnx_threads=0, opset=17, onnx_optimize=True,
-        onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=16384, batch_widths=[], batch_rows=[],
-        merge_buckets=True,
-        trt_opt_batch_size=8, trt_workspace_mib=1024, skip_parity=True,
-    )
+    settings = export_settings(model_dir, float16)
     model = load_repository_model(model_dir, settings, attn_implementation="eager")
     raw = work / "raw" / "model.onnx"
     raw.parent.mkdir(parents=True, exist_ok=True)
@@ -145,25 +152,14 @@ def time_torch(model_dir: Path, cases: dict[str, dict[str, np.ndarray]], repeats
         for key, case in cases.items():
             feed = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in case.items()}
             refs[key] = pooled(ref_model, feed).cpu().numpy()
-            for _ in range(5):
-                pooled(model, feed)
-            samples = []
-            for _ in range(repeats):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = _now()
+
+            def run(feed: dict[str, Any] = feed) -> None:
                 pooled(model, feed)
                 if device == "cuda":
                     torch.cuda.synchronize()
-                samples.append(_now() - t0)
-            times[key] = float(np.median(samples) * 1e3)
+
+            times[key] = medians_in_turns([run], repeats, warmup=5)[0] * 1e3
     return times, refs, f"torch {torch.__version__} {device} {str(dtype).replace('torch.', '')} sdpa"
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,12 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats, "fused_ops": {n: v["fused"] for n, v in variants.items()}, "rows": rows,
         "ratios": ratios,
     }
-    out = args.out / record["name"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(record, indent=2))
-    lines = [f"# {record['name']}", "", __doc__.split("\n\n")[1].strip(), "",
-             f"- machine: {record['machine']['gpu'] or 'no GPU'}; {record['machine']['cpu']}; "
-             f"{record['machine']['measured_at']}", f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
+    lines = [f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
              f"- bert shape `{args.shape}`, median of {args.repeats} runs", "",
              "| variant | batch x seq | PyTorch SDPA ms | ORT run ms | ORT IO-binding ms | min cosine vs fp32 |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
@@ -232,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "| ratio (>= 1: onnxruntime at least as fast) | value |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
     lines += ["", "Fused operators per variant: " + "; ".join(f"{n}: {f}" for n, f in record["fused_ops"].items())]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+    save_step_record(record, args.out, lines, description=__doc__.split("\n\n")[1].strip())
     return 0
 
 

@@ -20,19 +20,17 @@ PyTorch runs the same weights with SDPA (fp16 on a GPU). Outputs are compared wi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from loadtest.machine import describe_machine
-from loadtest.ort_probe import in_child, min_cosine, time_variants
+from loadtest.ort_probe import in_child, medians_in_turns, min_cosine, time_variants
+from loadtest.report import RESULTS_DIR, save_step_record
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHAPES = ((1, 2048), (8, 8192))
 SMOKE_SHAPES = ((1, 96), (2, 200))
 BASE = {"hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22, "num_attention_heads": 12,
@@ -58,16 +56,10 @@ def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dic
     from builder.attention import ATTENTION
     from builder.export import export_onnx, load_repository_model
     from builder.optimize import optimize_for_onnxruntime
-    from builder.settings import ResolvedSettings
+    from loadtest.model_step import export_settings
 
-    settings = ResolvedSettings(
-        model=str(model_dir), revision=None, task="embed", name="mb", formats=["onnx"], max_seq_len=8192,
-        max_batch_size=8, device="gpu" if float16 else "cpu", runtime="python", pooling="mean", labels=None,
-        length_buckets=[8192], dynamic_batching=True, max_queue_delay_us=100, preferred_batch_sizes=[8], instances=1,
-        tokenizer_instances=1, onnx_threads=0, opset=17, onnx_optimize=True,
-        onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=65536, batch_widths=[], batch_rows=[],
-        merge_buckets=False, trt_opt_batch_size=8, trt_workspace_mib=1024, skip_parity=True,
-    )
+    settings = export_settings(model_dir, float16, max_seq_len=8192, max_batch_size=8, max_batch_tokens=65536,
+                               merge_buckets=False)
     config = load_repository_model(model_dir, settings).model.config
     variants: dict[str, dict[str, Any]] = {}
     for name, attention in (("builder: fused MultiHeadAttention", ATTENTION), ("plain export: unfused", "eager")):
@@ -123,19 +115,15 @@ def time_torch(model_dir: Path, cases: dict[str, dict[str, np.ndarray]], repeats
             feed = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in case.items()}
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            for _ in range(3):
-                pooled(model, feed)
-            samples = []
-            for _ in range(repeats):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
+
+            def run(feed: dict[str, Any] = feed) -> None:
                 pooled(model, feed)
                 if device == "cuda":
                     torch.cuda.synchronize()
-                samples.append(time.perf_counter() - start)
+
+            median_s = medians_in_turns([run], repeats, warmup=3)[0]
             peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-            results[key] = {"ms": float(np.median(samples) * 1e3), "peak_gib": peak}
+            results[key] = {"ms": median_s * 1e3, "peak_gib": peak}
     return results, refs, f"torch {torch.__version__} {device} {str(dtype).replace('torch.', '')} sdpa"
 
 
@@ -181,12 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch_desc, "onnxruntime": ort["onnxruntime"], "providers": ort["providers"],
               "model": {**shape, "max_position_embeddings": 8192}, "repeats": repeats, "smoke": args.smoke,
               "fused_ops": {n: v["fused"] for n, v in variants.items()}, "rows": rows}
-    out = args.out / record["name"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(record, indent=2))
-    lines = [f"# {record['name']}", "", __doc__.split("\n\n")[0].strip(), "",
-             f"- machine: {record['machine']['gpu'] or 'no GPU'}; {record['machine']['cpu']}; "
-             f"{record['machine']['measured_at']}", f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
+    lines = [f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
              f"- ModernBERT {record['model']}, median of {repeats} runs{' (tiny model)' if args.smoke else ''}",
              "", "| variant | batch x seq | PyTorch SDPA ms | ORT ms | ORT first run ms | x PyTorch | min cosine vs fp32 |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -197,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {r['variant']} | {r['shape']} | {r['torch_sdpa_ms']:.2f} | {r['ort_ms']:.2f} | "
                          f"{r['ort_first_ms']:.1f} | {r['speedup_vs_torch']:.2f} | {r['min_cosine_vs_fp32']:.5f} |")
     lines += ["", "Fused operators per variant: " + "; ".join(f"{n}: {f}" for n, f in record["fused_ops"].items())]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+    save_step_record(record, args.out, lines, description=__doc__.split("\n\n")[0].strip())
     return 0
 
 

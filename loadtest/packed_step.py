@@ -239,19 +239,8 @@ def torch_peers(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[l
         try:
             entry["min_cosine"] = min(min_cosine(run(sets[k.rsplit("_", 1)[0]][int(k.rsplit("_", 1)[1])]), want)
                                       for k, want in refs.items())
-            for set_name, batches in sets.items():
-                for members in batches:
-                    run(members)
-                seconds = []
-                for members in batches:
-                    samples = []
-                    for _ in range(rounds):
-                        if cuda:
-                            torch.cuda.synchronize()
-                        start = time.perf_counter()
-                        run(members)
-                        samples.append(time.perf_counter() - start)
-                    seconds.append(float(np.median(samples)))
+            for set_name, batches in sets.items():  # numpy out: every call ends synchronized
+                seconds = medians_in_turns([lambda m=m, r=run: r(m) for m in batches], rounds)
                 real = sum(len(texts[i]) for m in batches for i in m)
                 entry[set_name] = {"ms_per_batch": round(float(np.median(seconds)) * 1e3, 3),
                                    "real_tokens_per_s": round(real / sum(seconds))}
@@ -286,11 +275,10 @@ def references(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[li
 
 # ---- report ----------------------------------------------------------------------------------------------
 
-def summarize(record: dict[str, Any]) -> str:
+def summarize(record: dict[str, Any]) -> list[str]:
+    """summary.md's lines below its name and machine."""
     ort_graphs = record["onnxruntime"]["graphs"]
-    lines = [f"# {record['name']}", "", f"- machine: {record['machine'].get('gpu') or 'no GPU'}; "
-             f"{record['machine'].get('cpu')}; {record['machine'].get('measured_at')}",
-             f"- onnxruntime {record['onnxruntime']['onnxruntime']} {record['onnxruntime']['providers']}; "
+    lines = [f"- onnxruntime {record['onnxruntime']['onnxruntime']} {record['onnxruntime']['providers']}; "
              f"torch {record['torch'].get('torch')}; bert shape `{record['shape']}`; {record['texts']} corpus texts; "
              f"median of {record['rounds']} runs per batch", "",
              "| graph | batches | ms/batch | real tokens/s | computed/real | speedup vs padded |",
@@ -332,7 +320,7 @@ def summarize(record: dict[str, Any]) -> str:
     lines += ["", "The builder's own parity per artifact: " + "; ".join(
         f"{name}: {p['min_cosine']:.7f} ({'passed' if p['passed'] else 'FAILED'}, {p.get('ran_on') or 'padded run'})"
         for name in ("packed", "padded", "packed_fp32") for p in record["graphs"][name]["builder_parity"])]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     from loadtest.corpus import CorpusSpec, make_corpus
     from loadtest.machine import describe_machine
     from loadtest.models import SHAPES, make_bert
-    from loadtest.report import RESULTS_DIR
+    from loadtest.report import RESULTS_DIR, save_step_record
     from transformers import AutoTokenizer
 
     work = args.work or Path(tempfile.mkdtemp(prefix="packed-step-"))
@@ -382,12 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"name": f"{args.name}-packed-step", "machine": describe_machine().model_dump(), "shape": args.shape,
               "device": device, "texts": len(texts), "rounds": args.rounds, "draws": args.draws,
               "graphs": graphs, "onnxruntime": ort_result, "torch": peers, "smoke": args.smoke}
-    out = (args.out or RESULTS_DIR) / record["name"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(record, indent=2))
-    summary = summarize(record)
-    (out / "summary.md").write_text(summary)
-    print(summary, flush=True)
+    out = save_step_record(record, args.out or RESULTS_DIR, summarize(record))
     failed = [n for n, g in ort_result["graphs"].items() if not g["parity_passed"]]
     log(f"done; results in {out}" + (f"; PARITY FAILED: {failed}" if failed else ""))
     return 1 if failed else 0
