@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.settings import GatewaySettings
         from gateway.triton.client import Output, TritonClient
 
-        tensors = (feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
+        tensors = {name: feed[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
         rows_, width = feed["input_ids"].shape
         with TritonServer(repository=repo, log_path=work / "triton.log") as server:
             client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm_prefix="sparsebench_steps"))
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "token_type_ids": rows_ * width * 4,
                                                 output.name: rows_ * output.width * 4}, 2)
             medians = await _interleaved_async(
-                [lambda s=step, o=output: client.infer_step(s, tensors, o) for step, output in steps], args.repeats)
+                [lambda s=step, o=output: client.infer_step(s, tensors, (rows_, o.width), o) for step, output in steps],
+                args.repeats)
             times = dict(zip((step for step, _ in steps), medians))
             await client.close()
             async with running_gateway(server.grpc_url, repository=str(repo), shm_prefix="sparsebench") as (_, http):

@@ -2,9 +2,10 @@
 providers, tiny shapes), so they do not rot between device sessions: their numbers here mean nothing, their
 plumbing does.
 
-The two whole-stack scripts (bench7: builder, tritonserver, gateway, load steps; cold_shapes: two
-sweeps of onnxruntime sessions) cost half a minute of the default run's 5: they are `slow`, run them
-before a device session with `scripts/test -m slow tests/loadtest/test_benchmark_scripts.py`."""
+The whole-stack ones (bench7, transport, sparse: builder, tritonserver, gateway, load steps), cold-shapes (two
+sweeps of onnxruntime sessions) and long-context (two 8k loads) cost minutes the default run does not have: they
+are `slow`, run them before a device session with `scripts/test -m slow tests/loadtest/test_benchmark_scripts.py`
+(~2.5 min)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,34 @@ def test_long_context_load_measures_every_variant(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["warm-up bounded", "after"]
     assert all(r["load_s"] > 0 and r["peak_rss_gib"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_transport_compares_the_transports_this_machine_has(tmp_path: Path) -> None:
+    """`python -m loadtest transport` on the CPU (cuda left out, with the reason): system and none agree, and each
+    gateway used its own transport (~25 s)."""
+    run_loadtest("transport", "--device", "cpu", "--shape", "tiny", "--rounds", "1", "--duration", "0.5", "--warmup",
+                 "0.2", "--max-batch-size", "64", "--corpus-size", "200", "--name", "t", "--out", str(tmp_path),
+                 "--work", str(tmp_path / "work"), timeout=600)
+    record = json.loads((tmp_path / "t-12-transports" / "results.json").read_text())
+    checks = record["settings"]["checks"]
+    assert record["settings"]["transports"] == ["system", "none"]
+    assert any("GATEWAY_SHM=cuda left out" in note for note in record["notes"])
+    assert checks["agreement with system"]["none"]["64 texts max_abs_diff"] < 1e-4
+    calls = checks["gateway calls by transport (after the agreement check)"]
+    assert set(calls["system"]) == {"shm"} and set(calls["none"]) == {"grpc"}
+    assert len(record["steps"]) == 10 and all(s["errors"] == 0 and s["items"] > 0 for s in record["steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sparse_times_the_full_row_and_topk(tmp_path: Path) -> None:
+    """`python -m loadtest sparse` end to end on the CPU: the step in onnxruntime, through Triton with the gateway's
+    client, and /embed_sparse through the gateway (~25 s)."""
+    run_loadtest("sparse", "--repeats", "2", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=600)
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert 0 < record["nonzeros_per_text"]["min"] <= record["nonzeros_per_text"]["max"] < 30522
+    assert len(record["step_ms"]) == 2 and all(ms > 0 for ms in record["step_ms"].values())
+    assert len(record["through_triton_ms"]) == 3 and all(ms > 0 for ms in record["through_triton_ms"].values())
+    assert record["bytes_per_text"]["full row (shm)"] == 30522 * 4
