@@ -1,6 +1,6 @@
 """Two gateway revisions side by side on one tritonserver: is a change to the request path free?
 
-    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest.ab_gateway --before REV [--rounds 8] [--out DIR]
+    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest ab-gateway --before REV [--rounds 8] [--out DIR]
 
 Builds loadtest/models.py's `small` BERT embedder (--runtime python, CPU), starts one tritonserver
 on it and two gateways (one worker each, scheduler pipeline, system shm): `before` runs a git
@@ -107,7 +107,7 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest ab-gateway", description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="git revision of the `before` gateway")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, help="directory for results.json and summary.md")

@@ -1,6 +1,6 @@
 """Benchmarks 1-4 of issue 5, each a ratio measured side by side in one run (docs/benchmarks.md).
 
-    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest.bench --name local-2core
+    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest bench --name local-2core
 
 builds a small random BERT embedder (loadtest.models `small`) with the builder unless
 `--repository` names a built one, then runs:
@@ -220,7 +220,7 @@ BENCHMARKS: dict[str, Callable[[Bench, list[str], Machine], object]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest bench", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="local")
     p.add_argument("--repository", type=Path, help="a built repository (default: build the small model)")
     p.add_argument("--shape", default="small", help="model shape when building (loadtest.models.SHAPES)")

@@ -1,6 +1,6 @@
 """Benchmark 7: this stack against in-process peers and another embedding server, in one run.
 
-    python -m loadtest.bench7 --name h100 [--shape base] [--parts peers,scheduler,ensemble,infinity]
+    python -m loadtest bench7 --name h100 [--shape base] [--parts peers,scheduler,ensemble,infinity]
 
 On the GPU host (loadtest/device/README.md), same model shape, same corpus
 (`make_corpus(CorpusSpec(size=4000))`), same run:
@@ -33,10 +33,11 @@ from pathlib import Path
 
 from contract.batching import Shapes, default_widths
 from devstack.gateway import GatewayProcess
-from devstack.tritonserver import STUB_PYTHON_ENV, REPO_ROOT, TritonServer, free_port
+from devstack.tritonserver import REPO_ROOT, TritonServer, free_port
 from loadtest.corpus import CorpusSpec, make_corpus
-from loadtest.gpu import profile_top
 from loadtest.machine import describe_machine
+from loadtest.ort_probe import in_child, step_python, time_shapes
+from loadtest.pyspy import profile as pyspy_profile
 from loadtest.report import RESULTS_DIR, RunRecord, save, summary_markdown
 from loadtest.runner import run_step
 from loadtest.stats import Latency, StepResult, StepSettings
@@ -111,26 +112,10 @@ def build(model_dir: Path, repo: Path, args: argparse.Namespace) -> Path:
 
 def step_alone_ms(repo: Path, width: int, repeats: int = 200) -> dict[str, object]:
     """The model step alone at batch 1 x `width`: onnxruntime in the stub's environment, same provider as Triton."""
-    code = f"""
-import json, sys, time
-import numpy as np, onnxruntime as ort
-providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-sess = ort.InferenceSession(sys.argv[1], providers=providers)
-feed = {{"input_ids": np.full((1, {width}), 7, np.int32), "attention_mask": np.ones((1, {width}), np.int32),
-        "token_type_ids": np.zeros((1, {width}), np.int32)}}
-if "cu_seqlens" in {{i.name for i in sess.get_inputs()}}:  # a packed step's graph (docs/contract.md): the same row
-    feed = {{"input_ids": feed["input_ids"][0], "token_type_ids": feed["token_type_ids"][0],
-            "cu_seqlens": np.array([0, {width}], np.int32), "max_seqlen": np.array([{width}], np.int32)}}
-for _ in range(20): sess.run(None, feed)
-t = []
-for _ in range({repeats}):
-    t0 = time.perf_counter(); sess.run(None, feed); t.append(time.perf_counter() - t0)
-print(json.dumps({{"median_ms": float(np.median(t) * 1e3), "providers": sess.get_providers()}}))
-"""
-    python = os.environ.get(STUB_PYTHON_ENV) or sys.executable
     model = next(repo.glob("*_onnx/1/model.onnx"))
-    out = subprocess.run([python, "-c", code, str(model)], capture_output=True, text=True, check=True)
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    result = in_child(time_shapes, {"model": str(model), "shapes": [[1, width]], "warmup": 20, "repeats": repeats},
+                      python=step_python())
+    return {"median_ms": result["runs"][0]["median_ms"], "providers": result["providers"]}
 
 
 def peer_steps(model_dir: Path, args: argparse.Namespace, corpus_size: int) -> tuple[list[StepResult], dict[str, float]]:
@@ -154,7 +139,7 @@ def peer_steps(model_dir: Path, args: argparse.Namespace, corpus_size: int) -> t
 
 def profile_busiest_child(parent: int, delay: float, seconds: float, out: Path) -> threading.Thread:
     """After `delay` s, py-spy the busiest child process of `parent` (a uvicorn worker) for `seconds`;
-    the summary goes to `out` (loadtest.gpu.profile_top). Runs in a thread; no py-spy = a note in `out`."""
+    the summary goes to `out` (loadtest.pyspy). Runs in a thread; no py-spy = a note in `out`."""
 
     def work() -> None:
         import psutil
@@ -165,11 +150,7 @@ def profile_busiest_child(parent: int, delay: float, seconds: float, out: Path) 
             child.cpu_percent(None)
         time.sleep(0.5)
         busiest = max(children, key=lambda c: c.cpu_percent(None))
-        raw = out.with_suffix(".raw")
-        spy = subprocess.run(["py-spy", "record", "--pid", str(busiest.pid), "--duration", str(int(seconds)),
-                              "--rate", "200", "--format", "raw", "--nonblocking", "-o", str(raw)],
-                             capture_output=True, text=True, check=False)
-        lines = profile_top(raw, 40) if raw.exists() else [f"py-spy failed: {spy.stderr[-500:]}"]
+        lines = pyspy_profile(busiest.pid, seconds, out.with_suffix(".raw"), 40)
         out.write_text(f"worker pid {busiest.pid}, {seconds:.0f} s at 200 Hz\n" + "\n".join(lines) + "\n")
 
     thread = threading.Thread(target=work, daemon=True)
@@ -319,7 +300,7 @@ def plot(record: RunRecord, out: Path, reference: float | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench7", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest bench7", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="local")
     p.add_argument("--shape", default="base")
     p.add_argument("--device", default="gpu", choices=["gpu", "cpu"])

@@ -1,10 +1,17 @@
-"""`python -m loadtest ...`: load sweeps at the gateway and Triton level, corpus tools, benchmarks."""
+"""`python -m loadtest COMMAND ...`: the one command line of the load generator and the benchmarks.
+
+Sweeps at the gateway (HTTP) and Triton (gRPC) level and the corpus are defined here; every benchmark is a
+module whose `main(argv)` takes the rest of the command line (`python -m loadtest COMMAND --help`). One-off
+experiments of past issues are not commands: loadtest/experiments/ (loadtest/README.md says what each measured).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.corpus import CorpusSpec, make_corpus
@@ -13,6 +20,43 @@ from loadtest.report import RESULTS_DIR, RunRecord, save, table
 from loadtest.stats import StepSettings
 from loadtest.sweep import Series, points, run_sweep
 from loadtest.targets import GatewaySpec, TritonSpec
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A command run by a module's `main(argv)`."""
+
+    module: str
+    summary: str
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "bench": Benchmark("loadtest.bench", "benchmarks 1-4 side by side: gateway overhead, shm vs gRPC, length "
+                       "buckets, dynamic batching (a small model on the CPU)"),
+    "bench7": Benchmark("loadtest.bench7", "benchmark 7: the stack (both gateway pipelines) against "
+                        "sentence-transformers, HF SDPA and infinity-emb (GPU host)"),
+    "model-step": Benchmark("loadtest.model_step", "the model step alone: onnxruntime fp16 graph variants against "
+                            "PyTorch SDPA, with parity"),
+    "cold-shapes": Benchmark("loadtest.cold_shapes", "what a never-seen input shape costs the model step, per "
+                             "onnxruntime setting"),
+    "packed-step": Benchmark("loadtest.packed_step", "the packed model step against the padded one on the same "
+                             "corpus batches, PyTorch varlen as a reference"),
+    "modernbert-attention": Benchmark("loadtest.modernbert_attention", "ModernBERT's fused attention graph against "
+                                      "the plain export and PyTorch SDPA at 2k and 8k tokens"),
+    "long-context": Benchmark("loadtest.long_context_load", "load time and peak memory of 8k-context models in "
+                              "tritonserver, before and after issue 23's changes"),
+    "transport": Benchmark("loadtest.transport_bench", "the gateway's tensor transports side by side: "
+                           "GATEWAY_SHM=cuda, system, none"),
+    "sparse": Benchmark("loadtest.sparse_bench", "where SPLADE rows become sparse: TopK in the graph or non-zeros "
+                        "in the gateway"),
+    "storm": Benchmark("loadtest.storm", "overload storm: capacity, then far more clients, every answer checked, "
+                       "recovery time"),
+    "stack-check": Benchmark("loadtest.stack_check", "the stack's answers under load on both pipelines against "
+                             "PyTorch fp32, and what each hop of a lone short text costs"),
+    "ab-gateway": Benchmark("loadtest.ab_gateway", "two gateway revisions side by side on one tritonserver"),
+    "random-model": Benchmark("loadtest.models", "write a random-weight BERT checkpoint (+ tokenizer) the builder "
+                              "takes as a local model"),
+}
 
 
 def _ints(text: str) -> list[int]:
@@ -92,8 +136,10 @@ def cmd_corpus(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
-    sub = p.add_subparsers(required=True)
+    p = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__.splitlines()[0],
+                                epilog="One-off experiments of past issues: python -m loadtest.experiments.NAME "
+                                       "(loadtest/README.md).")
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
     g = sub.add_parser("gateway", help="sweep the gateway's HTTP API (closed loop and/or open loop)")
     g.add_argument("--url", default="http://127.0.0.1:8080")
     g.add_argument("--endpoint", action="append", choices=["classify", "embed", "openai"],
@@ -115,10 +161,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--tokenizer", type=Path, help="tokenizer.json: print the token-length distribution")
     c.add_argument("--output", "-o", type=Path)
     c.set_defaults(func=cmd_corpus)
+    for name, benchmark in BENCHMARKS.items():  # listed here, run by main() before this parser sees them
+        sub.add_parser(name, help=benchmark.summary, add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in BENCHMARKS:
+        return int(importlib.import_module(BENCHMARKS[argv[0]].module).main(argv[1:]) or 0)
     args = parser().parse_args(argv)
     if getattr(args, "endpoint", "absent") is None:
         args.endpoint = ["embed"]

@@ -16,8 +16,8 @@ Variants (the same builder, the older behaviour switched back on for the "before
   before (ModernBERT only);
 - `after`: both changes (warm-up bounded by the budget; ModernBERT's attention fused into MultiHeadAttention).
 
-    python -m loadtest.long_context_load --out loadtest/results/local-2core-23-long-context
-    python3 -m loadtest.long_context_load --device gpu --shape base --models modernbert-8k --variants before,after \
+    python -m loadtest long-context --out loadtest/results/local-2core-23-long-context
+    python3 -m loadtest long-context --device gpu --shape base --models modernbert-8k --variants before,after \
         --rounds 1 --out $OUT/results/h100-23-long-context-modernbert        # on the GPU host (device README)
 """
 
@@ -113,7 +113,7 @@ def start_and_measure(repository: Path, log: Path, timeout_s: float) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.long_context_load", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest long-context", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a load may take")

@@ -1,6 +1,6 @@
 """The model step alone: onnxruntime (CUDA, fp16) on the builder's export against PyTorch fp16 SDPA.
 
-    python -m loadtest.model_step --name h100 [--shape base] [--ort-python PY]
+    python -m loadtest model-step --name h100 [--shape base] [--ort-python PY]
 
 Builds a random BERT embedder of `--shape` (loadtest.models), exports it as the builder does
 (builder.export, TorchScript exporter, pooling in the graph) and runs onnxruntime's transformer
@@ -13,17 +13,15 @@ float16). Each variant is timed with onnxruntime's CUDA provider at the issue's 
 binding (inputs and output on the GPU: the graph's own time). PyTorch runs the same weights with
 `attn_implementation="sdpa"` in fp16 on the GPU, inputs on the GPU, mean pooling.
 Latency: median of CUDA-synchronized wall times after warm-up. Every variant's output is
-compared with PyTorch fp32 (cosine). onnxruntime runs in a child process of `--ort-python` (with
-onnxruntime-gpu importable; PYTHONPATH passes through), PyTorch in this one.
+compared with PyTorch fp32 (cosine). onnxruntime runs the variants in turns in a child process
+(loadtest.ort_probe) of `--ort-python` (with onnxruntime-gpu importable; PYTHONPATH passes through),
+PyTorch in this one.
 Results: loadtest/results/<name>-model-step/ (results.json, summary.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from loadtest.machine import describe_machine
-from loadtest.report import RESULTS_DIR
+from loadtest.ort_probe import in_child, medians_in_turns, min_cosine, time_variants
+from loadtest.report import RESULTS_DIR, save_step_record
 
 SHAPES = ((1, 16), (32, 128), (128, 128), (64, 512))  # (batch, seq): batch-1 short text, then the issue's three
 
@@ -57,6 +56,23 @@ def _cases(shapes: tuple[tuple[int, int], ...], vocab: int) -> dict[str, dict[st
     return cases
 
 
+def export_settings(model_dir: Path, float16: bool, max_seq_len: int = 512, max_batch_size: int = 128,
+                    max_batch_tokens: int = 16384, merge_buckets: bool = True) -> Any:
+    """The builder's resolved settings for exporting `model_dir` as an embed step, fp16 on a GPU (its parity
+    skipped: the benchmark compares with PyTorch itself)."""
+    from builder.settings import ResolvedSettings
+
+    return ResolvedSettings(
+        model=str(model_dir), revision=None, task="embed", name="step", formats=["onnx"], max_seq_len=max_seq_len,
+        max_batch_size=max_batch_size, device="gpu" if float16 else "cpu", runtime="python", pooling="mean",
+        labels=None, length_buckets=[max_seq_len], dynamic_batching=True, max_queue_delay_us=100,
+        preferred_batch_sizes=[max_batch_size], instances=1, tokenizer_instances=1, onnx_threads=0, opset=17,
+        onnx_optimize=True, onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=max_batch_tokens,
+        batch_widths=[], batch_rows=[], merge_buckets=merge_buckets, trt_opt_batch_size=8, trt_workspace_mib=1024,
+        skip_parity=True,
+    )
+
+
 def export_variants(model_dir: Path, work: Path, float16: bool, builder_only: bool = False) -> dict[str, dict[str, Any]]:
     """The raw export and its optimizer variants (or the builder's form alone): name -> {path, fused}."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
@@ -71,17 +87,8 @@ def export_variants(model_dir: Path, work: Path, float16: bool, builder_only: bo
         optimize_for_onnxruntime,
         repair_float16_graph,
     )
-    from builder.settings import ResolvedSettings
 
-    settings = ResolvedSettings(
-        model=str(model_dir), revision=None, task="embed", name="step", formats=["onnx"], max_seq_len=512,
-        max_batch_size=128, device="gpu" if float16 else "cpu", runtime="python", pooling="mean", labels=None,
-        length_buckets=[512], dynamic_batching=True, max_queue_delay_us=100, preferred_batch_sizes=[128], instances=1,
-        tokenizer_instances=1, onnx_threads=0, opset=17, onnx_optimize=True,
-        onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=16384, batch_widths=[], batch_rows=[],
-        merge_buckets=True,
-        trt_opt_batch_size=8, trt_workspace_mib=1024, skip_parity=True,
-    )
+    settings = export_settings(model_dir, float16)
     model = load_repository_model(model_dir, settings, attn_implementation="eager")
     raw = work / "raw" / "model.onnx"
     raw.parent.mkdir(parents=True, exist_ok=True)
@@ -145,85 +152,18 @@ def time_torch(model_dir: Path, cases: dict[str, dict[str, np.ndarray]], repeats
         for key, case in cases.items():
             feed = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in case.items()}
             refs[key] = pooled(ref_model, feed).cpu().numpy()
-            for _ in range(5):
-                pooled(model, feed)
-            samples = []
-            for _ in range(repeats):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = _now()
+
+            def run(feed: dict[str, Any] = feed) -> None:
                 pooled(model, feed)
                 if device == "cuda":
                     torch.cuda.synchronize()
-                samples.append(_now() - t0)
-            times[key] = float(np.median(samples) * 1e3)
+
+            times[key] = medians_in_turns([run], repeats, warmup=5)[0] * 1e3
     return times, refs, f"torch {torch.__version__} {device} {str(dtype).replace('torch.', '')} sdpa"
 
 
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
-
-
-ORT_CHILD = r"""
-import json, sys, time
-import numpy as np
-import onnxruntime as ort
-spec = json.loads(sys.stdin.read())
-cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-out = {"onnxruntime": ort.__version__, "providers": providers, "variants": {}}
-for name, path in spec["variants"].items():
-    sess = ort.InferenceSession(path, providers=providers)
-    res = {"run_ms": {}, "iobinding_ms": {}, "outputs": {}}
-    for key, feed in spec["inputs"].items():
-        feed = {k: np.asarray(v, dtype=np.int32) for k, v in feed.items()}
-        for _ in range(5):
-            sess.run(None, feed)
-        samples = []
-        for _ in range(spec["repeats"]):
-            t0 = time.perf_counter(); result = sess.run(None, feed)[0]; samples.append(time.perf_counter() - t0)
-        res["run_ms"][key] = float(np.median(samples) * 1e3)
-        res["outputs"][key] = result[:8].tolist()  # the first rows are enough to compare
-        if cuda:
-            binding = sess.io_binding()
-            values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feed.items()}
-            for k, v in values.items():
-                binding.bind_ortvalue_input(k, v)
-            binding.bind_output(sess.get_outputs()[0].name, "cuda")
-            for _ in range(5):
-                sess.run_with_iobinding(binding)
-            samples = []
-            for _ in range(spec["repeats"]):
-                binding.synchronize_inputs()
-                t0 = time.perf_counter(); sess.run_with_iobinding(binding); binding.synchronize_outputs()
-                samples.append(time.perf_counter() - t0)
-            res["iobinding_ms"][key] = float(np.median(samples) * 1e3)
-    out["variants"][name] = res
-print("ORT-RESULT " + json.dumps(out))
-"""
-
-
-def time_ort(python: str, variants: dict[str, dict[str, Any]], cases: dict[str, dict[str, np.ndarray]],
-             repeats: int) -> dict[str, Any]:
-    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": repeats,
-            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
-    proc = subprocess.run([python, "-c", ORT_CHILD], input=json.dumps(spec), capture_output=True, text=True,
-                          check=False, env=os.environ.copy())
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("ORT-RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"onnxruntime child failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return dict(json.loads(line[len("ORT-RESULT "):]))
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.model_step", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest model-step", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="local")
     p.add_argument("--shape", default="base")
     p.add_argument("--ort-python", default=sys.executable, help="python with onnxruntime(-gpu) importable")
@@ -247,42 +187,43 @@ def main(argv: list[str] | None = None) -> int:
     variants = export_variants(model_dir, work / "onnx", float16=float16)
     cases = _cases(shapes, vocab)  # type: ignore[arg-type]
     torch_ms, refs, torch_desc = time_torch(model_dir, cases, args.repeats)
-    ort = time_ort(args.ort_python, variants, cases, args.repeats)
+    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": args.repeats, "warmup": 5,
+            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
+    ort = in_child(time_variants, spec, python=args.ort_python)
     rows, ratios = [], {}
     builder_variant = next(iter(variants))
-    for name, facts in variants.items():
-        res = ort["variants"][name]
+    for name in variants:
         for key in torch_ms:
-            cos = _cosine(np.asarray(res["outputs"][key], dtype=np.float32), refs[key][:8])
-            rows.append({"variant": name, "shape": key, "torch_ms": torch_ms[key], "ort_run_ms": res["run_ms"][key],
-                         "ort_iobinding_ms": res["iobinding_ms"].get(key), "min_cosine_vs_fp32": cos})
+            res = ort["variants"][name].get(key) or {"error": ort["variants"][name].get("error", "not run")}
+            if "error" in res:
+                rows.append({"variant": name, "shape": key, "torch_ms": torch_ms[key], "error": res["error"]})
+                continue
+            rows.append({"variant": name, "shape": key, "torch_ms": torch_ms[key], "ort_run_ms": res["run_ms"],
+                         "ort_iobinding_ms": res.get("iobinding_ms"),
+                         "min_cosine_vs_fp32": min_cosine(np.asarray(res["output"], np.float32), refs[key][:8])})
             if name == builder_variant and key != PADDED:
-                best = min(v for v in (res["run_ms"][key], res["iobinding_ms"].get(key)) if v is not None)
+                best = min(v for v in (res["run_ms"], res.get("iobinding_ms")) if v is not None)
                 ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, IO binding)"] = torch_ms[key] / best
-                ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, run)"] = torch_ms[key] / res["run_ms"][key]
+                ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, run)"] = \
+                    torch_ms[key] / res["run_ms"]
     record = {
         "name": f"{args.name}-model-step", "machine": describe_machine().model_dump(), "torch": torch_desc,
         "onnxruntime": ort["onnxruntime"], "providers": ort["providers"], "shape": args.shape,
         "repeats": args.repeats, "fused_ops": {n: v["fused"] for n, v in variants.items()}, "rows": rows,
         "ratios": ratios,
     }
-    out = args.out / record["name"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(record, indent=2))
-    lines = [f"# {record['name']}", "", __doc__.split("\n\n")[1].strip(), "",
-             f"- machine: {record['machine']['gpu'] or 'no GPU'}; {record['machine']['cpu']}; "
-             f"{record['machine']['measured_at']}", f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
+    lines = [f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
              f"- bert shape `{args.shape}`, median of {args.repeats} runs", "",
              "| variant | batch x seq | PyTorch SDPA ms | ORT run ms | ORT IO-binding ms | min cosine vs fp32 |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['variant']} | {r['shape']} | {r['torch_ms']:.2f} | {r['ort_run_ms']:.2f} | "
+    lines += [f"| {r['variant']} | {r['shape']} | {r['torch_ms']:.2f} | failed: {r['error']} | | |" if "error" in r else
+              f"| {r['variant']} | {r['shape']} | {r['torch_ms']:.2f} | {r['ort_run_ms']:.2f} | "
               f"{r['ort_iobinding_ms'] if r['ort_iobinding_ms'] is None else round(r['ort_iobinding_ms'], 2)} | "
               f"{r['min_cosine_vs_fp32']:.5f} |" for r in rows]
     lines += ["", "| ratio (>= 1: onnxruntime at least as fast) | value |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
     lines += ["", "Fused operators per variant: " + "; ".join(f"{n}: {f}" for n, f in record["fused_ops"].items())]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+    save_step_record(record, args.out, lines, description=__doc__.split("\n\n")[1].strip())
     return 0
 
 

@@ -76,11 +76,11 @@ def make_bert(path: Path, task: Task, shape: str = "small", num_labels: int = 3,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m loadtest.models DIR TASK [SHAPE]`: write a random BERT checkpoint; usage on no arguments."""
+    """`python -m loadtest random-model DIR TASK [SHAPE]`: write a random BERT checkpoint; usage on no arguments."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.models",
+        prog="python -m loadtest random-model",
         description="Write a random-weight BERT checkpoint (+ fast tokenizer) that the builder takes as a local "
                     "model path (no hub needed).",
     )

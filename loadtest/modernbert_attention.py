@@ -5,34 +5,32 @@ plain export (attention unfused: the sliding window as a mask, n^2 per layer) an
 A random ModernBERT of the base shape (22 layers, hidden 768, 12 heads, 128-token local window every layer
 but each third, 8,192 positions: answerdotai/ModernBERT-base's config) is exported by the builder's own
 code twice (builder/attention.py's fused export, and the eager one), both through onnxruntime's transformer
-optimizer (fp16 on a GPU). Each variant runs in a child process (`--ort-python`, e.g. with onnxruntime-gpu on
-PYTHONPATH) with IO binding on CUDA; a variant that fails at a shape (out of memory) is recorded as failed.
+optimizer (fp16 on a GPU). The variants run in turns in a child process (loadtest.ort_probe on `--ort-python`,
+e.g. with onnxruntime-gpu on PYTHONPATH), timed with IO binding on CUDA; a variant that fails at a shape (out of
+memory) is recorded as failed.
 PyTorch runs the same weights with SDPA (fp16 on a GPU). Outputs are compared with PyTorch fp32 SDPA
 (mean-pooled, cosine). `--smoke` runs a tiny ModernBERT at tiny shapes on the CPU: the plumbing, not figures.
 
-    python3 -m loadtest.modernbert_attention --name h100 --out $OUT/results      # on the GPU host
-    python -m loadtest.modernbert_attention --smoke --out /tmp/mb                  # here
-    python -m loadtest.modernbert_attention --smoke --shapes 1x512,1x2048,2x8192 --repeats 5 --name local-2core-23 \
+    python3 -m loadtest modernbert-attention --name h100 --out $OUT/results      # on the GPU host
+    python -m loadtest modernbert-attention --smoke --out /tmp/mb                  # here
+    python -m loadtest modernbert-attention --smoke --shapes 1x512,1x2048,2x8192 --repeats 5 --name local-2core-23 \
         --out loadtest/results                                                    # tiny model, CPU figures
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from loadtest.machine import describe_machine
+from loadtest.ort_probe import in_child, medians_in_turns, min_cosine, time_variants
+from loadtest.report import RESULTS_DIR, save_step_record
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHAPES = ((1, 2048), (8, 8192))
 SMOKE_SHAPES = ((1, 96), (2, 200))
 BASE = {"hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22, "num_attention_heads": 12,
@@ -58,16 +56,10 @@ def export_variants(model_dir: Path, work: Path, float16: bool) -> dict[str, dic
     from builder.attention import ATTENTION
     from builder.export import export_onnx, load_repository_model
     from builder.optimize import optimize_for_onnxruntime
-    from builder.settings import ResolvedSettings
+    from loadtest.model_step import export_settings
 
-    settings = ResolvedSettings(
-        model=str(model_dir), revision=None, task="embed", name="mb", formats=["onnx"], max_seq_len=8192,
-        max_batch_size=8, device="gpu" if float16 else "cpu", runtime="python", pooling="mean", labels=None,
-        length_buckets=[8192], dynamic_batching=True, max_queue_delay_us=100, preferred_batch_sizes=[8], instances=1,
-        tokenizer_instances=1, onnx_threads=0, opset=17, onnx_optimize=True,
-        onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=65536, batch_widths=[], batch_rows=[],
-        merge_buckets=False, trt_opt_batch_size=8, trt_workspace_mib=1024, skip_parity=True,
-    )
+    settings = export_settings(model_dir, float16, max_seq_len=8192, max_batch_size=8, max_batch_tokens=65536,
+                               merge_buckets=False)
     config = load_repository_model(model_dir, settings).model.config
     variants: dict[str, dict[str, Any]] = {}
     for name, attention in (("builder: fused MultiHeadAttention", ATTENTION), ("plain export: unfused", "eager")):
@@ -123,84 +115,20 @@ def time_torch(model_dir: Path, cases: dict[str, dict[str, np.ndarray]], repeats
             feed = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in case.items()}
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            for _ in range(3):
-                pooled(model, feed)
-            samples = []
-            for _ in range(repeats):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
+
+            def run(feed: dict[str, Any] = feed) -> None:
                 pooled(model, feed)
                 if device == "cuda":
                     torch.cuda.synchronize()
-                samples.append(time.perf_counter() - start)
+
+            median_s = medians_in_turns([run], repeats, warmup=3)[0]
             peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-            results[key] = {"ms": float(np.median(samples) * 1e3), "peak_gib": peak}
+            results[key] = {"ms": median_s * 1e3, "peak_gib": peak}
     return results, refs, f"torch {torch.__version__} {device} {str(dtype).replace('torch.', '')} sdpa"
 
 
-ORT_CHILD = r"""
-import json, sys, time
-import numpy as np
-import onnxruntime as ort
-spec = json.loads(sys.stdin.read())
-cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-out = {"onnxruntime": ort.__version__, "providers": providers, "variants": {n: {} for n in spec["variants"]}}
-sessions = {}
-for name, path in spec["variants"].items():
-    try:
-        sessions[name] = ort.InferenceSession(path, providers=providers)
-    except Exception as exc:
-        out["variants"][name]["error"] = str(exc).splitlines()[0][:300]
-for key, feed in spec["inputs"].items():
-    feed = {k: np.asarray(v, dtype=np.int32) for k, v in feed.items()}
-    runs, samples = {}, {}
-    for name, sess in sessions.items():  # first runs, and what each variant answers
-        try:
-            if cuda:
-                binding = sess.io_binding()
-                for k, v in feed.items():
-                    binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-                binding.bind_output(sess.get_outputs()[0].name, "cuda")
-                run = lambda s=sess, b=binding: (s.run_with_iobinding(b), b.synchronize_outputs())
-            else:
-                run = lambda s=sess: s.run(None, feed)
-            first = time.perf_counter(); run(); first = time.perf_counter() - first
-            run()
-            runs[name], samples[name] = run, []
-            out["variants"][name][key] = {"first_ms": first * 1e3, "output": sess.run(None, feed)[0].tolist()}
-        except Exception as exc:
-            out["variants"][name][key] = {"error": str(exc).splitlines()[0][:300]}
-    for _ in range(spec["repeats"]):  # in turns: a shared machine's load weighs on every variant alike
-        for name, run in runs.items():
-            t0 = time.perf_counter(); run(); samples[name].append(time.perf_counter() - t0)
-    for name in runs:
-        out["variants"][name][key]["ms"] = float(np.median(samples[name]) * 1e3)
-print("ORT-RESULT " + json.dumps(out))
-"""
-
-
-def time_ort(python: str, variants: dict[str, dict[str, Any]], cases: dict[str, dict[str, np.ndarray]],
-             repeats: int) -> dict[str, Any]:
-    """Every variant at every shape in a child process (`python`: the one with onnxruntime-gpu)."""
-    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": repeats,
-            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
-    proc = subprocess.run([python, "-c", ORT_CHILD], input=json.dumps(spec), capture_output=True, text=True,
-                          check=False, env=os.environ.copy())
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("ORT-RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"onnxruntime child failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return dict(json.loads(line[len("ORT-RESULT "):]))
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.modernbert_attention", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest modernbert-attention", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="local")
     p.add_argument("--smoke", action="store_true", help="tiny ModernBERT, tiny shapes, CPU: check the plumbing")
     p.add_argument("--ort-python", default=sys.executable, help="python with onnxruntime(-gpu) importable")
@@ -221,29 +149,27 @@ def main(argv: list[str] | None = None) -> int:
     variants = export_variants(model_dir, work / "onnx", float16=gpu)
     cases = _cases(shapes, 1000)
     torch_res, refs, torch_desc = time_torch(model_dir, cases, repeats)
-    ort = time_ort(args.ort_python, variants, cases, repeats)
+    spec = {"variants": {n: v["path"] for n, v in variants.items()}, "repeats": repeats, "warmup": 1,
+            "inputs": {key: {k: v.tolist() for k, v in case.items()} for key, case in cases.items()}}
+    ort = in_child(time_variants, spec, python=args.ort_python)
     rows = []
     for name in variants:
         res = ort["variants"][name]
         for key in cases:
             got = res.get(key, {"error": res.get("error", "not run")})
+            ms = got.get("iobinding_ms", got.get("run_ms"))  # on CUDA inputs and output stay on the GPU
             row = {"variant": name, "shape": key, "torch_sdpa_ms": torch_res[key]["ms"],
-                   "torch_peak_gib": torch_res[key]["peak_gib"], "ort_ms": got.get("ms"),
+                   "torch_peak_gib": torch_res[key]["peak_gib"], "ort_ms": ms,
                    "ort_first_ms": got.get("first_ms"), "error": got.get("error")}
             if "output" in got:
-                row["min_cosine_vs_fp32"] = _cosine(np.asarray(got["output"], np.float32), refs[key])
-                row["speedup_vs_torch"] = torch_res[key]["ms"] / got["ms"]
+                row["min_cosine_vs_fp32"] = min_cosine(np.asarray(got["output"], np.float32), refs[key])
+                row["speedup_vs_torch"] = torch_res[key]["ms"] / ms
             rows.append(row)
     record = {"name": f"{args.name}-modernbert-attention", "machine": describe_machine().model_dump(),
               "torch": torch_desc, "onnxruntime": ort["onnxruntime"], "providers": ort["providers"],
               "model": {**shape, "max_position_embeddings": 8192}, "repeats": repeats, "smoke": args.smoke,
               "fused_ops": {n: v["fused"] for n, v in variants.items()}, "rows": rows}
-    out = args.out / record["name"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(record, indent=2))
-    lines = [f"# {record['name']}", "", __doc__.split("\n\n")[0].strip(), "",
-             f"- machine: {record['machine']['gpu'] or 'no GPU'}; {record['machine']['cpu']}; "
-             f"{record['machine']['measured_at']}", f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
+    lines = [f"- {torch_desc}; onnxruntime {ort['onnxruntime']} {ort['providers']}",
              f"- ModernBERT {record['model']}, median of {repeats} runs{' (tiny model)' if args.smoke else ''}",
              "", "| variant | batch x seq | PyTorch SDPA ms | ORT ms | ORT first run ms | x PyTorch | min cosine vs fp32 |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -254,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {r['variant']} | {r['shape']} | {r['torch_sdpa_ms']:.2f} | {r['ort_ms']:.2f} | "
                          f"{r['ort_first_ms']:.1f} | {r['speedup_vs_torch']:.2f} | {r['min_cosine_vs_fp32']:.5f} |")
     lines += ["", "Fused operators per variant: " + "; ".join(f"{n}: {f}" for n, f in record["fused_ops"].items())]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+    save_step_record(record, args.out, lines, description=__doc__.split("\n\n")[0].strip())
     return 0
 
 

@@ -1,7 +1,7 @@
 """The packed model step against the padded one, on the same batches of the loadtest corpus (issue 20).
 
-    python -m loadtest.packed_step --name h100 [--shape base] [--out DIR]     # the GPU host (CUDA provider)
-    python -m loadtest.packed_step --smoke --out /tmp/ps                      # here: tiny model, CPU, seconds
+    python -m loadtest packed-step --name h100 [--shape base] [--out DIR]     # the GPU host (CUDA provider)
+    python -m loadtest packed-step --smoke --out /tmp/ps                      # here: tiny model, CPU, seconds
 
 Builds a random BERT embedder of `--shape` (loadtest.models) with the real builder, as GPU steps
 (`--runtime python --device gpu`): `--layout packed` (fp16, PackedMultiHeadAttention: FlashAttention varlen
@@ -42,6 +42,16 @@ import numpy as np
 
 from contract.batching import Shapes, default_widths
 from contract.packing import from_rows
+from loadtest.ort_probe import (
+    in_child,
+    medians_in_turns,
+    min_cosine,
+    open_session,
+    placement,
+    profile_events,
+    providers,
+    seconds,
+)
 
 SETS = ("random32", "random128", "sorted32")
 GATE = 0.9999
@@ -79,30 +89,7 @@ def packed_feed(rows: list[np.ndarray]) -> dict[str, np.ndarray]:
     return from_rows(rows).feed()
 
 
-# ---- onnxruntime (child process) -------------------------------------------------------------------------
-
-def placement(profile: str) -> dict[str, Any]:
-    """Nodes per execution provider, Memcpy nodes and the op types on the CPU, from one profiled run."""
-    per_provider: dict[str, int] = {}
-    memcpy: dict[str, int] = {}
-    cpu_ops: set[str] = set()
-    for event in json.loads(Path(profile).read_text()):
-        args = event.get("args", {})
-        if event.get("cat") != "Node" or "provider" not in args or not event["name"].endswith("_kernel_time"):
-            continue
-        per_provider[args["provider"]] = per_provider.get(args["provider"], 0) + 1
-        op = args.get("op_name", "")
-        if op.startswith("Memcpy"):
-            memcpy[op] = memcpy.get(op, 0) + 1
-        if args["provider"] == "CPUExecutionProvider" and op:
-            cpu_ops.add(op)
-    return {"nodes_per_provider": per_provider, "memcpy": memcpy, "cpu_ops": sorted(cpu_ops)}
-
-
-def _cosine_min(got: np.ndarray, want: np.ndarray) -> float:
-    a, b = got.astype(np.float64), want.astype(np.float64)
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
+# ---- onnxruntime (in a child process: loadtest.ort_probe) ------------------------------------------------
 
 def _first_output(session: Any) -> list[str]:
     """The per-row output alone (embeddings): what the runner asks for on /embed; an embed graph's per-token
@@ -110,38 +97,19 @@ def _first_output(session: Any) -> list[str]:
     return [session.get_outputs()[0].name]
 
 
-def _time_set(session: Any, feeds: list[dict[str, np.ndarray]], rounds: int) -> list[float]:
-    """Median seconds of each feed over `rounds` passes (every feed run once before: shapes warm)."""
-    for feed in feeds:
-        session.run(_first_output(session), feed)
-    samples = [[0.0] * rounds for _ in feeds]
-    for r in range(rounds):
-        for i, feed in enumerate(feeds):
-            start = time.perf_counter()
-            session.run(_first_output(session), feed)
-            samples[i][r] = time.perf_counter() - start
-    return [float(np.median(s)) for s in samples]
-
-
-def cold_shapes(path: str, providers: list[str], texts: list[np.ndarray], packed: bool, widths: tuple[int, ...]
+def cold_shapes(path: str, provider_names: list[str], texts: list[np.ndarray], packed: bool, widths: tuple[int, ...]
                 ) -> list[dict[str, Any]]:
-    """First and second run of never-seen shapes in a fresh session (after one warm-up run)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(path, providers=providers)
+    """First and second run of never-seen shapes in a fresh session."""
+    session = open_session(path, provider_names)
     longest = widths[-1]
     shapes = ((8, 64), (8, 64), (16, 64), (31, 128), (32, 128), (64, 256), (96, longest))
     out = []
     for rows, width in dict.fromkeys((rows, min(width, longest)) for rows, width in shapes):
         chosen = [np.resize(texts[i % len(texts)], width) for i in range(rows)]
         feed = packed_feed(chosen) if packed else padded_feed(chosen, widths)
-        times = []
-        for _ in range(2):
-            start = time.perf_counter()
-            session.run(_first_output(session), feed)
-            times.append((time.perf_counter() - start) * 1e3)
-        out.append({"rows": rows, "width": width, "tokens": rows * width, "first_ms": round(times[0], 2),
-                    "second_ms": round(times[1], 2)})
+        first, second = (seconds(lambda: session.run(_first_output(session), feed)) * 1e3 for _ in range(2))
+        out.append({"rows": rows, "width": width, "tokens": rows * width, "first_ms": round(first, 2),
+                    "second_ms": round(second, 2)})
     return out
 
 
@@ -155,12 +123,8 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
     refs = dict(np.load(work / "reference_fp32.npz"))
     sets = spec["sets"]
     widths = tuple(spec["widths"])
-    cuda = spec["device"] == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers()
-    if spec["device"] == "gpu" and not cuda:
-        raise SystemExit(f"onnxruntime {ort.__version__} has no CUDA provider here (put onnxruntime-gpu on "
-                         "PYTHONPATH, e.g. $ORT_GPU_PATH, or pass --ort-python)")
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-    result: dict[str, Any] = {"onnxruntime": ort.__version__, "providers": providers, "graphs": {}}
+    names = providers(cuda=spec["device"] == "gpu")
+    result: dict[str, Any] = {"onnxruntime": ort.__version__, "providers": names, "graphs": {}}
     for name, path in spec["graphs"].items():
         packed = name != "padded"
         entry: dict[str, Any] = result["graphs"].setdefault(name, {})
@@ -170,33 +134,31 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
             return packed_feed(rows) if packed else padded_feed(rows, widths)
 
         started = time.perf_counter()
-        session = ort.InferenceSession(path, providers=providers)
+        session = open_session(path, names)
         entry["load_s"] = round(time.perf_counter() - started, 2)
-        profiled = ort.SessionOptions()
-        profiled.enable_profiling = True
-        profiled.profile_file_prefix = str(work / f"profile_{name}")
-        profiler = ort.InferenceSession(path, profiled, providers=providers)
+        profiler = open_session(path, names, profile_prefix=str(work / f"profile_{name}"))
         profiler.run(_first_output(profiler), feed(sets["random32"][0]))
-        entry["placement"] = placement(profiler.end_profiling())
+        entry["placement"] = placement(profile_events(profiler.end_profiling()))
         del profiler
         cosines = {}
         for key, want in refs.items():
             set_name, index = key.rsplit("_", 1)
             members = sets[set_name][int(index)]
-            cosines[key] = _cosine_min(session.run(_first_output(session), feed(members))[0][:len(members)], want)
+            cosines[key] = min_cosine(session.run(_first_output(session), feed(members))[0][:len(members)], want)
         entry["min_cosine"] = min(cosines.values())
         entry["parity_passed"] = entry["min_cosine"] >= GATE
         for set_name, batches in sets.items():
             feeds = [feed(m) for m in batches]
-            seconds = _time_set(session, feeds, spec["rounds"])
+            runs = [lambda f=f: session.run(_first_output(session), f) for f in feeds]
+            times = medians_in_turns(runs, spec["rounds"])
             real = [sum(len(texts[i]) for i in m) for m in batches]
             computed = [int(f["input_ids"].size) for f in feeds]
-            entry[set_name] = {"ms_per_batch": round(float(np.median(seconds)) * 1e3, 3),
-                               "real_tokens_per_s": round(sum(real) / sum(seconds)),
+            entry[set_name] = {"ms_per_batch": round(float(np.median(times)) * 1e3, 3),
+                               "real_tokens_per_s": round(sum(real) / sum(times)),
                                "computed_per_real": round(sum(computed) / sum(real), 3),
                                "rows": len(batches[0]), "batches": len(batches)}
         del session
-        entry["cold"] = cold_shapes(path, providers, texts, packed, widths)
+        entry["cold"] = cold_shapes(path, names, texts, packed, widths)
         print(f"onnxruntime {name}: {json.dumps({k: v for k, v in entry.items() if k != 'cold'})}", flush=True)
     return result
 
@@ -275,21 +237,10 @@ def torch_peers(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[l
     for label, run in (("torch_sdpa_padded", run_sdpa), ("torch_packed_varlen", run_packed)):
         entry: dict[str, Any] = {}
         try:
-            entry["min_cosine"] = min(_cosine_min(run(sets[k.rsplit("_", 1)[0]][int(k.rsplit("_", 1)[1])]), want)
+            entry["min_cosine"] = min(min_cosine(run(sets[k.rsplit("_", 1)[0]][int(k.rsplit("_", 1)[1])]), want)
                                       for k, want in refs.items())
-            for set_name, batches in sets.items():
-                for members in batches:
-                    run(members)
-                seconds = []
-                for members in batches:
-                    samples = []
-                    for _ in range(rounds):
-                        if cuda:
-                            torch.cuda.synchronize()
-                        start = time.perf_counter()
-                        run(members)
-                        samples.append(time.perf_counter() - start)
-                    seconds.append(float(np.median(samples)))
+            for set_name, batches in sets.items():  # numpy out: every call ends synchronized
+                seconds = medians_in_turns([lambda m=m, r=run: r(m) for m in batches], rounds)
                 real = sum(len(texts[i]) for m in batches for i in m)
                 entry[set_name] = {"ms_per_batch": round(float(np.median(seconds)) * 1e3, 3),
                                    "real_tokens_per_s": round(real / sum(seconds))}
@@ -324,11 +275,10 @@ def references(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[li
 
 # ---- report ----------------------------------------------------------------------------------------------
 
-def summarize(record: dict[str, Any]) -> str:
+def summarize(record: dict[str, Any]) -> list[str]:
+    """summary.md's lines below its name and machine."""
     ort_graphs = record["onnxruntime"]["graphs"]
-    lines = [f"# {record['name']}", "", f"- machine: {record['machine'].get('gpu') or 'no GPU'}; "
-             f"{record['machine'].get('cpu')}; {record['machine'].get('measured_at')}",
-             f"- onnxruntime {record['onnxruntime']['onnxruntime']} {record['onnxruntime']['providers']}; "
+    lines = [f"- onnxruntime {record['onnxruntime']['onnxruntime']} {record['onnxruntime']['providers']}; "
              f"torch {record['torch'].get('torch')}; bert shape `{record['shape']}`; {record['texts']} corpus texts; "
              f"median of {record['rounds']} runs per batch", "",
              "| graph | batches | ms/batch | real tokens/s | computed/real | speedup vs padded |",
@@ -370,11 +320,11 @@ def summarize(record: dict[str, Any]) -> str:
     lines += ["", "The builder's own parity per artifact: " + "; ".join(
         f"{name}: {p['min_cosine']:.7f} ({'passed' if p['passed'] else 'FAILED'}, {p.get('ran_on') or 'padded run'})"
         for name in ("packed", "padded", "packed_fp32") for p in record["graphs"][name]["builder_parity"])]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.packed_step", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest packed-step", description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="local")
     parser.add_argument("--shape", default="base")
     parser.add_argument("--draws", type=int, default=8, help="batches per set")
@@ -384,18 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the plumbing in seconds")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--ort-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.ort_child:  # the onnxruntime half, in its own process
-        print("ORT-RESULT " + json.dumps(run_ort(json.loads(args.ort_child.read_text()))), flush=True)
-        return 0
     if args.smoke:
         args.shape, args.draws, args.rounds, args.corpus_size = "tiny", 1, 1, 200
     device = "cpu" if args.smoke else "gpu"
     from loadtest.corpus import CorpusSpec, make_corpus
     from loadtest.machine import describe_machine
     from loadtest.models import SHAPES, make_bert
-    from loadtest.report import RESULTS_DIR
+    from loadtest.report import RESULTS_DIR, save_step_record
     from transformers import AutoTokenizer
 
     work = args.work or Path(tempfile.mkdtemp(prefix="packed-step-"))
@@ -417,26 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     np.savez(work / "reference_fp32.npz", **refs)
     spec = {"work": str(work), "sets": sets, "rounds": args.rounds, "device": device,
             "widths": list(default_widths(max_seq_len)), "graphs": {n: g["path"] for n, g in graphs.items()}}
-    (work / "ort_spec.json").write_text(json.dumps(spec))
     log("onnxruntime: parity, placement, latency, cold shapes")
-    child = subprocess.run([args.ort_python, "-m", "loadtest.packed_step", "--ort-child", str(work / "ort_spec.json")],
-                           capture_output=True, text=True, check=False, env=os.environ.copy())
-    sys.stderr.write(child.stdout[-4000:])
-    line = next((x for x in child.stdout.splitlines() if x.startswith("ORT-RESULT ")), None)
-    if child.returncode != 0 or line is None:
-        raise SystemExit(f"onnxruntime child failed ({child.returncode}): {child.stderr[-3000:]}")
-    ort_result = json.loads(line.removeprefix("ORT-RESULT "))
+    ort_result = in_child(run_ort, spec, python=args.ort_python)
     log("PyTorch references")
     peers = torch_peers(model_dir, texts, sets, refs, args.rounds, device)
     record = {"name": f"{args.name}-packed-step", "machine": describe_machine().model_dump(), "shape": args.shape,
               "device": device, "texts": len(texts), "rounds": args.rounds, "draws": args.draws,
               "graphs": graphs, "onnxruntime": ort_result, "torch": peers, "smoke": args.smoke}
-    out = (args.out or RESULTS_DIR) / record["name"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(record, indent=2))
-    summary = summarize(record)
-    (out / "summary.md").write_text(summary)
-    print(summary, flush=True)
+    out = save_step_record(record, args.out or RESULTS_DIR, summarize(record))
     failed = [n for n, g in ort_result["graphs"].items() if not g["parity_passed"]]
     log(f"done; results in {out}" + (f"; PARITY FAILED: {failed}" if failed else ""))
     return 1 if failed else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,22 @@ def save(record: RunRecord, root: Path = RESULTS_DIR) -> Path:
     (out / "summary.md").write_text(summary_markdown(record))
     if record.steps:
         plot(record, out)
+    return out
+
+
+def save_step_record(record: dict[str, Any], root: Path, summary: list[str], description: str = "") -> Path:
+    """A model-step benchmark's record (its own fields, no load steps; `name` and `machine` among them):
+    root/<name>/results.json, and summary.md headed by the name, `description` and the machine, then `summary`'s
+    lines. Prints the summary; returns the folder."""
+    out = root / record["name"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(record, indent=2))
+    machine = record["machine"]
+    head = [f"# {record['name']}", "", *([description, ""] if description else []),
+            f"- machine: {machine.get('gpu') or 'no GPU'}; {machine.get('cpu')}; {machine.get('measured_at')}"]
+    text = "\n".join([*head, *summary]) + "\n"
+    (out / "summary.md").write_text(text)
+    print(text, flush=True)
     return out
 
 

@@ -10,7 +10,7 @@ give for short texts), saved as a sentence-transformers SparseEncoder and built 
 - `/embed_sparse` end to end through a real tritonserver and the gateway (shared memory), median of N.
 Bytes per text: what the step returns (full row: vocabulary x 4; TopK: k x 8) and the JSON answer.
 
-    python -m loadtest.sparse_bench --out loadtest/results/local-2core-23-sparse
+    python -m loadtest sparse --out loadtest/results/local-2core-23-sparse
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.machine import describe_machine
+from loadtest.ort_probe import medians_in_turns, open_session, providers
 
 VOCAB = 30522
 TEXTS = [f"the movie number {i} was really good and i would see it again with friends" for i in range(32)]
@@ -92,30 +93,6 @@ def add_topk_step(repo: Path, k: int) -> str:
     return "splade_topk"
 
 
-def _median_ms(run: Any, repeats: int) -> float:
-    for _ in range(3):
-        run()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
-
-
-def _interleaved(runs: list[Any], repeats: int) -> list[float]:
-    """Median ms of each run, taken in turns (a shared machine's load then weighs on each alike)."""
-    for run in runs:
-        run()
-    samples: list[list[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for run, times in zip(runs, samples):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-    return [statistics.median(t) * 1e3 for t in samples]
-
-
 async def _interleaved_async(calls: list[Any], repeats: int) -> list[float]:
     for call in calls:
         await call()
@@ -129,7 +106,7 @@ async def _interleaved_async(calls: list[Any], repeats: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.sparse_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest sparse", description=__doc__.splitlines()[0])
     p.add_argument("--k", type=int, default=256)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--work", type=Path)
@@ -152,15 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     topk = repo / add_topk_step(repo, args.k) / "1" / "model.onnx"
     feed = {k: np.asarray(v, np.int32) for k, v in AutoTokenizer.from_pretrained(source)(
         TEXTS, padding=True, return_tensors="np", return_token_type_ids=True).items()}
-    providers = (["CUDAExecutionProvider", "CPUExecutionProvider"]
-                 if "CUDAExecutionProvider" in ort.get_available_providers() else ["CPUExecutionProvider"])
-    full_session = ort.InferenceSession(str(graph), providers=providers)
-    topk_session = ort.InferenceSession(str(topk), providers=providers)
+    names = providers()
+    full_session, topk_session = open_session(graph, names), open_session(topk, names)
     rows = full_session.run(None, feed)[0]
     nonzeros = [int(np.count_nonzero(r)) for r in rows]
-    full_ms, topk_ms = _interleaved([lambda: full_session.run(None, feed), lambda: topk_session.run(None, feed)],
-                                    args.repeats)
-    extract_ms = _median_ms(lambda: from_rows(rows), args.repeats)
+    full_ms, topk_ms = (1e3 * s for s in medians_in_turns(
+        [lambda: full_session.run(None, feed), lambda: topk_session.run(None, feed)], args.repeats))
+    extract_ms = 1e3 * medians_in_turns([lambda: from_rows(rows)], args.repeats, warmup=3)[0]
     sparse = from_rows(rows)
     assert [len(a) for a, _ in sparse] == nonzeros
     body = json.dumps([[{"index": i, "value": v} for i, v in zip(a.tolist(), b.tolist())] for a, b in sparse])
@@ -180,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.settings import GatewaySettings
         from gateway.triton.client import Output, TritonClient
 
-        tensors = (feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
+        tensors = {name: feed[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
         rows_, width = feed["input_ids"].shape
         with TritonServer(repository=repo, log_path=work / "triton.log") as server:
             client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm_prefix="sparsebench_steps"))
@@ -191,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "token_type_ids": rows_ * width * 4,
                                                 output.name: rows_ * output.width * 4}, 2)
             medians = await _interleaved_async(
-                [lambda s=step, o=output: client.infer_step(s, tensors, o) for step, output in steps], args.repeats)
+                [lambda s=step, o=output: client.infer_step(s, tensors, (rows_, o.width), o) for step, output in steps],
+                args.repeats)
             times = dict(zip((step for step, _ in steps), medians))
             await client.close()
             async with running_gateway(server.grpc_url, repository=str(repo), shm_prefix="sparsebench") as (_, http):
@@ -204,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     triton_ms = asyncio.run(through_triton())
     record = {
         "name": "sparse-bench", "machine": describe_machine().model_dump(), "onnxruntime": ort.__version__,
-        "step_providers": providers,
+        "step_providers": names,
         "settings": {"vocabulary": VOCAB, "texts": len(TEXTS), "tokens_per_text": int(feed["attention_mask"].sum(1).max()),
                      "k": args.k, "repeats": args.repeats, "encoder": "BERT hidden 128, 2 layers"},
         "nonzeros_per_text": {"min": min(nonzeros), "median": statistics.median(nonzeros), "max": max(nonzeros)},

@@ -1,7 +1,7 @@
 """The stack's answers under load against PyTorch fp32, on both gateway pipelines, and what each hop of a
 lone short text costs (issue 20).
 
-    python -m loadtest.stack_check --repository DIR --model DIR [--texts 256] [--concurrency 64] --out DIR
+    python -m loadtest stack-check --repository DIR --model DIR [--texts 256] [--concurrency 64] --out DIR
 
 On a built repository (e.g. the one benchmark 7 built: `--work W` leaves W/repository and W/model):
 1. Answers under load: `--texts` corpus texts sent at once, `--concurrency` at a time, one text per
@@ -141,7 +141,7 @@ async def gateway_ms(url: str, model: str, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.stack_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest stack-check", description=__doc__.splitlines()[0])
     p.add_argument("--repository", type=Path, required=True)
     p.add_argument("--model", type=Path, required=True, help="the model directory the repository was built from")
     p.add_argument("--name", default="local")

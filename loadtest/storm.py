@@ -15,7 +15,7 @@ an answer closer to another text's vector than to its own counts as cross-talk.
 The clients are lean (raw HTTP/1.1 keep-alive over asyncio streams, one connection each) and run in
 a child process at a lower CPU priority (nice 10): on a machine shared with the stack they stand in
 for clients on other machines, instead of competing with the server for its CPU.
-`python -m loadtest.storm --help`: against a running stack, or `--compare` code checkouts on a
+`python -m loadtest storm --help`: against a running stack, or `--compare` code checkouts on a
 local stack built here (loadtest/README.md).
 """
 
@@ -334,7 +334,7 @@ def compare(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     from loadtest.corpus import fixed_length_corpus
 
-    parser = argparse.ArgumentParser(prog="python -m loadtest.storm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest storm", description=__doc__.splitlines()[0])
     parser.add_argument("--gateway", default="http://127.0.0.1:8080")
     parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC, for the reference answers")
     parser.add_argument("--model", default="stormemb",

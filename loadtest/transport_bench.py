@@ -1,6 +1,6 @@
 """The gateway's tensor transports side by side: GATEWAY_SHM=cuda, system and none, in one run.
 
-    python -m loadtest.transport_bench --name h100 [--shape base] [--device gpu] [--rounds 3]
+    python -m loadtest transport --name h100 [--shape base] [--device gpu] [--rounds 3]
 
 One tritonserver (the PyPI-wheel binary) serves one embedder built by the builder (`--runtime python`:
 the python-backend onnxruntime runner; on `--device gpu` a KIND_GPU instance on the CUDA provider).
@@ -126,7 +126,7 @@ def agreement(answers: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.transport_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest transport", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="local")
     p.add_argument("--shape", default="base")
     p.add_argument("--device", default="gpu", choices=["gpu", "cpu"])

@@ -1,9 +1,11 @@
-"""The GPU-host benchmark scripts run end to end here too (CPU providers, tiny shapes), so they do not
-rot between device sessions: their numbers here mean nothing, their plumbing does.
+"""The GPU-host benchmarks run end to end here too, through `python -m loadtest COMMAND` as on the host (CPU
+providers, tiny shapes), so they do not rot between device sessions: their numbers here mean nothing, their
+plumbing does.
 
-The two whole-stack scripts (bench7: builder, tritonserver, gateway, load steps; cold_shapes: two
-sweeps of onnxruntime sessions) cost half a minute of the default run's 5: they are `slow`, run them
-before a device session with `scripts/test -m slow tests/loadtest/test_benchmark_scripts.py`."""
+The whole-stack ones (bench7, transport, sparse: builder, tritonserver, gateway, load steps), cold-shapes (two
+sweeps of onnxruntime sessions) and long-context (two 8k loads) cost minutes the default run does not have: they
+are `slow`, run them before a device session with `scripts/test -m slow tests/loadtest/test_benchmark_scripts.py`
+(~2.5 min)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import pytest
 from devstack.tritonserver import REPO_ROOT
 
 
-def run_module(*args: str, timeout: int = 300) -> str:
-    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO_ROOT,
+def run_loadtest(*args: str, timeout: int = 300) -> str:
+    proc = subprocess.run([sys.executable, "-m", "loadtest", *args], capture_output=True, text=True, cwd=REPO_ROOT,
                           timeout=timeout, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -26,7 +28,7 @@ def run_module(*args: str, timeout: int = 300) -> str:
 
 @pytest.mark.timeout(300)
 def test_model_step_times_every_variant_and_checks_it_against_pytorch(tmp_path: Path) -> None:
-    run_module("loadtest.model_step", "--name", "t", "--shape", "tiny", "--repeats", "2", "--shapes", "1x16",
+    run_loadtest("model-step", "--name", "t", "--shape", "tiny", "--repeats", "2", "--shapes", "1x16",
                "--float16", "yes", "--out", str(tmp_path), "--work", str(tmp_path / "work"))
     record = json.loads((tmp_path / "t-model-step" / "results.json").read_text())
     variants = {row["variant"] for row in record["rows"]}
@@ -39,7 +41,7 @@ def test_model_step_times_every_variant_and_checks_it_against_pytorch(tmp_path: 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cold_shapes_reports_both_sweeps() -> None:
-    out = run_module("loadtest.cold_shapes", "--shape", "tiny", "--only", "default")
+    out = run_loadtest("cold-shapes", "--shape", "tiny", "--only", "default")
     line = next(x for x in out.splitlines() if x.startswith("default"))
     assert "batch 1..48 x 128: cold" in line and "8 x width 8..512: cold" in line
 
@@ -47,7 +49,7 @@ def test_cold_shapes_reports_both_sweeps() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: Path) -> None:
-    run_module("loadtest.bench7", "--name", "t", "--shape", "tiny", "--device", "cpu", "--parts", "scheduler",
+    run_loadtest("bench7", "--name", "t", "--shape", "tiny", "--device", "cpu", "--parts", "scheduler",
                "--steps", "single text c=64,short text c=1", "--duration", "1.5", "--warmup", "0.5", "--procs", "1",
                "--workers", "1", "--corpus-size", "100", "--max-batch-size", "16", "--instances", "1",
                "--tokenizer-instances", "1", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=600)
@@ -63,7 +65,7 @@ def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: 
 @pytest.mark.timeout(300)
 def test_modernbert_attention_smoke_compares_fused_and_plain_exports(tmp_path: Path) -> None:
     """The H100 command of issue 23 (loadtest/device/README.md), here with --smoke (tiny model, CPU)."""
-    run_module("loadtest.modernbert_attention", "--smoke", "--name", "t", "--out", str(tmp_path),
+    run_loadtest("modernbert-attention", "--smoke", "--name", "t", "--out", str(tmp_path),
                "--work", str(tmp_path / "work"))
     record = json.loads((tmp_path / "t-modernbert-attention" / "results.json").read_text())
     fused = record["fused_ops"]["builder: fused MultiHeadAttention"]
@@ -76,9 +78,9 @@ def test_modernbert_attention_smoke_compares_fused_and_plain_exports(tmp_path: P
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_long_context_load_measures_every_variant(tmp_path: Path) -> None:
-    """loadtest.long_context_load end to end (slow: builds and loads an 8k model twice, ~25 s here):
+    """`python -m loadtest long-context` end to end (slow: builds and loads an 8k model twice, ~25 s here):
     `pytest -m slow tests/loadtest/test_benchmark_scripts.py -k long_context`."""
-    run_module("loadtest.long_context_load", "--rounds", "1", "--models", "modernbert-8k", "--variants",
+    run_loadtest("long-context", "--rounds", "1", "--models", "modernbert-8k", "--variants",
                "warm-up bounded,after", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=900)
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["warm-up bounded", "after"]
@@ -91,9 +93,40 @@ def test_stack_check_compares_answers_and_times_the_hops(
     python_repository: Path, tiny_embedder_dir: Path, tmp_path: Path
 ) -> None:
     """The H100 command of issue 20's answers-under-load check, on the shared tiny repository (CPU)."""
-    run_module("loadtest.stack_check", "--repository", str(python_repository), "--model", str(tiny_embedder_dir),
+    run_loadtest("stack-check", "--repository", str(python_repository), "--model", str(tiny_embedder_dir),
                "--served", "tinyemb", "--texts", "16", "--concurrency", "4", "--repeats", "5", "--name", "t",
                "--out", str(tmp_path))
     record = json.loads((tmp_path / "t-stack-check" / "results.json").read_text())
     assert set(record["answers"]) == {"scheduler", "ensemble"} and min(record["answers"].values()) >= 0.9999
     assert len(record["hops_ms"]) == 5 and all(v > 0 for v in record["hops_ms"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_transport_compares_the_transports_this_machine_has(tmp_path: Path) -> None:
+    """`python -m loadtest transport` on the CPU (cuda left out, with the reason): system and none agree, and each
+    gateway used its own transport (~25 s)."""
+    run_loadtest("transport", "--device", "cpu", "--shape", "tiny", "--rounds", "1", "--duration", "0.5", "--warmup",
+                 "0.2", "--max-batch-size", "64", "--corpus-size", "200", "--name", "t", "--out", str(tmp_path),
+                 "--work", str(tmp_path / "work"), timeout=600)
+    record = json.loads((tmp_path / "t-12-transports" / "results.json").read_text())
+    checks = record["settings"]["checks"]
+    assert record["settings"]["transports"] == ["system", "none"]
+    assert any("GATEWAY_SHM=cuda left out" in note for note in record["notes"])
+    assert checks["agreement with system"]["none"]["64 texts max_abs_diff"] < 1e-4
+    calls = checks["gateway calls by transport (after the agreement check)"]
+    assert set(calls["system"]) == {"shm"} and set(calls["none"]) == {"grpc"}
+    assert len(record["steps"]) == 10 and all(s["errors"] == 0 and s["items"] > 0 for s in record["steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sparse_times_the_full_row_and_topk(tmp_path: Path) -> None:
+    """`python -m loadtest sparse` end to end on the CPU: the step in onnxruntime, through Triton with the gateway's
+    client, and /embed_sparse through the gateway (~25 s)."""
+    run_loadtest("sparse", "--repeats", "2", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=600)
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert 0 < record["nonzeros_per_text"]["min"] <= record["nonzeros_per_text"]["max"] < 30522
+    assert len(record["step_ms"]) == 2 and all(ms > 0 for ms in record["step_ms"].values())
+    assert len(record["through_triton_ms"]) == 3 and all(ms > 0 for ms in record["through_triton_ms"].values())
+    assert record["bytes_per_text"]["full row (shm)"] == 30522 * 4

@@ -1,4 +1,4 @@
-"""loadtest.packed_step --smoke runs end to end here (tiny model, CPU provider, the packed graph's CPU form), so
+"""`python -m loadtest packed-step --smoke` runs end to end here (tiny model, CPU provider, the packed graph's CPU form), so
 the one GPU call that measures the packed step does not fail on its plumbing; its numbers here mean nothing."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from devstack.tritonserver import REPO_ROOT
 
 @pytest.mark.timeout(300)
 def test_packed_step_smoke_measures_every_graph(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "loadtest.packed_step", "--smoke", "--name", "t", "--out",
+    proc = subprocess.run([sys.executable, "-m", "loadtest", "packed-step", "--smoke", "--name", "t", "--out",
                            str(tmp_path), "--work", str(tmp_path / "work")], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

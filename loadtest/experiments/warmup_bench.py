@@ -9,7 +9,7 @@ first request is timed. The first request's text is ~40 tokens (length bucket 64
 width the warm-up samples (16 and 512 tokens) did not run, so the effect measured is the model's
 first-run cost, not a cached shape.
 
-    python -m loadtest.warmup_bench --out loadtest/results/local-2core-11-warmup
+    python -m loadtest.experiments.warmup_bench --out loadtest/results/local-2core-11-warmup
 """
 
 from __future__ import annotations
@@ -57,12 +57,13 @@ def one_run(repository: Path, log: Path, steady: int) -> dict[str, float]:
             "first_over_steady": first / median}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.experiments.warmup_bench",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steady", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="warmup_bench_") as tmp:
         root = Path(tmp)
         checkpoint = make_bert(root / "checkpoint", "classify", MODEL)

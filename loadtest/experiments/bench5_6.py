@@ -1,6 +1,6 @@
-"""Benchmarks 5 and 6 of issue 5, for the 16-core GPU benchmark host (works on CPU too).
+"""Benchmarks 5 and 6 of issue 5 (2026-11-22), for the 16-core GPU benchmark host (works on CPU too).
 
-    python -m loadtest.gpu --name h100 [--shape base] [--device gpu] [--workers 1,2,4,8]
+    python -m loadtest.experiments.bench5_6 --name h100 [--shape base] [--device gpu] [--workers 1,2,4,8]
 
 5 gateway workers: single texts through the gateway with 1, 2, 4, ... uvicorn workers (and
   direct tritonclient gRPC as the ceiling of Triton itself), then a py-spy profile of a
@@ -16,20 +16,19 @@ Environment: TRITON_STUB_PYTHON names the python whose environment the python-ba
 from __future__ import annotations
 
 import argparse
-import collections
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from devstack.gateway import GatewayProcess
-from devstack.tritonserver import STUB_PYTHON_ENV, TritonServer
+from devstack.tritonserver import TritonServer
 from loadtest.bench import build_repository, served
 from loadtest.corpus import CorpusSpec, fixed_length_corpus, make_corpus
 from loadtest.machine import Machine, describe_machine
+from loadtest.ort_probe import in_child, step_python, time_shapes
+from loadtest.pyspy import profile as pyspy_profile
 from loadtest.report import RESULTS_DIR, RunRecord, save, summary_markdown
 from loadtest.stats import Latency, StepResult, StepSettings
 from loadtest.sweep import Series, run_sweep
@@ -44,42 +43,12 @@ def start_triton(repo: Path, log: Path) -> TritonServer:
 
 def model_alone(repo: Path, batches: list[int], seq: int, seconds: float) -> dict[int, dict[str, float]]:
     """onnxruntime (CUDA first when present) on the step model: sequences/s and latency per batch size."""
-    code = f"""
-import json, sys, time
-import numpy as np, onnxruntime as ort
-providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-path = sys.argv[1]
-sess = ort.InferenceSession(path, providers=providers)
-out = {{"providers": sess.get_providers(), "ort": ort.__version__, "runs": {{}}}}
-rng = np.random.default_rng(0)
-for b in {batches!r}:
-    feed = {{"input_ids": rng.integers(5, 300, size=(b, {seq}), dtype=np.int32),
-            "attention_mask": np.ones((b, {seq}), dtype=np.int32),
-            "token_type_ids": np.zeros((b, {seq}), dtype=np.int32)}}
-    names = {{i.name for i in sess.get_inputs()}}
-    if "cu_seqlens" in names:  # a packed step's graph (docs/contract.md): the same rows back to back
-        feed = {{"input_ids": feed["input_ids"].ravel(), "token_type_ids": feed["token_type_ids"].ravel(),
-                "cu_seqlens": np.arange(0, b * {seq} + 1, {seq}, dtype=np.int32),
-                "max_seqlen": np.array([{seq}], np.int32)}}
-    feed = {{k: v for k, v in feed.items() if k in names}}
-    for _ in range(5): sess.run(None, feed)
-    times = []
-    end = time.perf_counter() + {seconds}
-    while time.perf_counter() < end or len(times) < 5:
-        t0 = time.perf_counter(); sess.run(None, feed); times.append(time.perf_counter() - t0)
-    t = np.array(times)
-    out["runs"][b] = {{"median_ms": float(np.median(t) * 1e3), "p99_ms": float(np.percentile(t, 99) * 1e3),
-                      "seq_per_s": float(b / np.median(t)), "calls": len(times)}}
-print(json.dumps(out))
-"""
     step_model = next(p for p in repo.glob("*_onnx/1/model.onnx"))
-    python = os.environ.get(STUB_PYTHON_ENV) or sys.executable  # the environment with onnxruntime-gpu
-    res = subprocess.run([python, "-c", code, str(step_model)], capture_output=True, text=True, check=True)
-    import json
-
-    data = json.loads(res.stdout.strip().splitlines()[-1])
-    print(f"model alone: providers {data['providers']} onnxruntime {data['ort']}", flush=True)
-    return {"meta": data, **{int(k): v for k, v in data["runs"].items()}}  # type: ignore[dict-item]
+    data = in_child(time_shapes, {"model": str(step_model), "shapes": [[b, seq] for b in batches], "warmup": 5,
+                                  "repeats": 5, "seconds": seconds}, python=step_python())
+    print(f"model alone: providers {data['providers']} onnxruntime {data['onnxruntime']}", flush=True)
+    runs = {run["rows"]: {**run, "seq_per_s": run["rows"] / run["median_ms"] * 1e3} for run in data["runs"]}
+    return {"meta": {"providers": data["providers"], "ort": data["onnxruntime"]}, **runs}  # type: ignore[dict-item]
 
 
 def whole_path(args: argparse.Namespace, repo: Path, work: Path, machine: Machine) -> RunRecord:
@@ -120,30 +89,6 @@ def whole_path(args: argparse.Namespace, repo: Path, work: Path, machine: Machin
     return _save(args, "6-whole-path-vs-model", "Texts/s reaching HTTP clients vs the model's own sequences/s at the "
                  f"same batch sizes, shape {args.shape}.", machine, steps, ratios, notes,
                  {"ensemble": ensemble, "max_batch_size": max_batch, "shape": args.shape})
-
-
-def profile_top(raw: Path, top: int = 25) -> list[str]:
-    """py-spy raw (collapsed) stacks -> lines 'self% total% function (file:line)'."""
-    self_c: collections.Counter[str] = collections.Counter()
-    total_c: collections.Counter[str] = collections.Counter()
-    samples = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        samples += n
-        frames = stack.split(";")
-        for f in set(frames):
-            total_c[f] += n
-        self_c[frames[-1]] += n
-    if not samples:
-        return ["no samples"]
-    out = [f"{samples} samples; self% total% frame"]
-    out += [f"{self_c[f] / samples:6.1%} {total_c[f] / samples:6.1%}  {f}" for f, _ in self_c.most_common(top)]
-    out += ["", "by inclusive time:"]
-    out += [f"{total_c[f] / samples:6.1%}  {f}" for f, _ in total_c.most_common(top)]
-    return out
 
 
 def gateway_workers(args: argparse.Namespace, repo: Path, work: Path, machine: Machine) -> RunRecord:
@@ -199,11 +144,8 @@ def profile_gateway(args: argparse.Namespace, triton_url: str, endpoint: str, na
         load = threading.Thread(target=lambda: result.update(r=run_step("profile", spec, settings, texts)))
         load.start()
         time.sleep(2)
-        spy = subprocess.run(["py-spy", "record", "--pid", str(gw.process.pid), "--duration",
-                              str(int(args.profile_seconds)), "--rate", "200", "--format", "raw", "--nonblocking",
-                              "-o", str(raw)], capture_output=True, text=True, check=False)
+        lines = pyspy_profile(gw.process.pid, args.profile_seconds, raw)
         load.join()
-    lines = profile_top(raw) if raw.exists() else [f"py-spy failed: {spy.stderr[-500:]}"]
     text = "\n".join(lines)
     (work / "profile-gateway.txt").write_text(text + "\n")
     args.profile_text = text
@@ -226,7 +168,7 @@ def _save(args: argparse.Namespace, suffix: str, description: str, machine: Mach
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.gpu", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest.experiments.bench5_6", description=__doc__.splitlines()[0])
     p.add_argument("--name", default="gpu")
     p.add_argument("--shape", default="base")
     p.add_argument("--device", default="gpu", choices=["gpu", "cpu"])

@@ -1,11 +1,11 @@
-"""ONNX (onnxruntime CPU) vs PyTorch CPU fp32 on a bert-base-shaped random model, side by side.
+"""ONNX (onnxruntime CPU) vs PyTorch CPU fp32 on a bert-base-shaped random model, side by side (2026-11-22).
 
 The ONNX model is exported by the builder's own code path (int32 inputs, mean pooling in the
 graph). Each repetition runs both engines on the same inputs, alternating which goes first,
 so load from other processes hits both alike. Prints a table with medians and the ratio.
 
-    .venv/bin/python -m loadtest.bench_onnx_cpu                # batch 1 and 8 at seq 128
-    .venv/bin/python -m loadtest.bench_onnx_cpu --repetitions 50 --json results.json
+    .venv/bin/python -m loadtest.experiments.bench_onnx_cpu                # batch 1 and 8 at seq 128
+    .venv/bin/python -m loadtest.experiments.bench_onnx_cpu --repetitions 50 --json results.json
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ def table(result: BenchResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.experiments.bench_onnx_cpu",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8", help="comma list of batch sizes")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repetitions", type=int, default=30)

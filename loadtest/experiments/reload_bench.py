@@ -9,7 +9,7 @@ keeps the load for `--after` seconds more (load starts `--settle` seconds before
 requests sent before the reload, while it ran (call to answer) and after it; every answer is checked
 to be the old or the new model's vector for its text (known from single-text calls before and after).
 
-    python -m loadtest.reload_bench --out loadtest/results/local-2core-11-reload
+    python -m loadtest.experiments.reload_bench --out loadtest/results/local-2core-11-reload
 """
 
 from __future__ import annotations
@@ -127,13 +127,14 @@ async def run(url: str, rebuild: Any, clients: int, settle: float, after: float)
             "latency": {k: _percentiles(v) for k, v in windows.items()}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.experiments.reload_bench",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--settle", type=float, default=2.0, help="seconds of load between the build and the reload")
     parser.add_argument("--after", type=float, default=5.0, help="seconds of load after the reload")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="reload_bench_") as tmp:
         root = Path(tmp)
         repository = root / "model_repository" / "models"

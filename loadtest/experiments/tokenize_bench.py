@@ -1,6 +1,6 @@
-"""The repository's tokenization rule before and after a change, side by side on the realistic corpus.
+"""The repository's tokenization rule before and after a change, side by side on the realistic corpus (issue 10).
 
-    .venv/bin/python -m loadtest.tokenize_bench --before REV [--max-seq-len 512 128] [--rounds 15]
+    .venv/bin/python -m loadtest.experiments.tokenize_bench --before REV [--max-seq-len 512 128] [--rounds 15]
 
 Loads contract/tokenization.py as it was at git revision REV and as it is now, builds both encoders
 on the same tokenizer.json (loadtest/models.py's BERT vocabulary), checks that they give the same
@@ -61,7 +61,8 @@ def time_call(encoder: Any, texts: list[str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.experiments.tokenize_bench",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="git revision of the old contract/tokenization.py")
     parser.add_argument("--max-seq-len", type=int, nargs="+", default=[512, 128])
     parser.add_argument("--rounds", type=int, default=15)
