@@ -50,7 +50,7 @@ from gateway.service.inference import Inputs
 from gateway.service.registry import Backend, ServedModel
 from gateway.service.rerank import ranking, rerank
 from gateway.service.runtime import Runtime
-from gateway.service.tokens import check_token_ids, decode, encoder_of, tokenize
+from gateway.service.tokens import check_token_ids, decode, tokenize, tokenizer_of
 
 T = TypeVar("T")
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -168,11 +168,11 @@ def _openai_inputs(runtime: Runtime, request: Request, body: OpenAIEmbeddingRequ
         if body.input_type is not None:
             raise invalid("input_type applies to text input; token ids are taken as given",
                           type="prompt_with_token_input")
-        encoder = runtime.inference.encoder_for(model)
-        if encoder is None:
+        tokenizer = runtime.inference.tokenizer_for(model)
+        if tokenizer is None:
             raise invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
                           "(GATEWAY_REPOSITORY); send text", type="token_input_unsupported")
-        check_token_ids(encoder, rows)
+        check_token_ids(tokenizer.encoder, rows)
         return Inputs([], token_ids=rows)
     texts = _texts(request, runtime, cast(str | list[str], raw))
     return Inputs(with_prompt(texts, prompt_text(model, prompt_for_input_type(model, body.input_type))))
@@ -265,8 +265,8 @@ async def tokenize_route(body: TokenizeRequest, request: Request) -> Response:
     model = await runtime.any_model(body.model)
     request.state.model = model.name
     prefix = prompt_text(model, body.prompt_name) if body.prompt_name is not None else ""
-    encoder = encoder_of(runtime.inference, model)
-    return OrjsonResponse(tokenize(encoder, with_prompt(texts, prefix), body.add_special_tokens))
+    tokenizer = tokenizer_of(runtime.inference, model)
+    return OrjsonResponse(await tokenize(tokenizer, with_prompt(texts, prefix), body.add_special_tokens))
 
 
 @api.post("/decode", response_class=OrjsonResponse, responses={200: {"model": list[str]}, 501: {}})
@@ -277,7 +277,7 @@ async def decode_route(body: DecodeRequest, request: Request) -> Response:
     request.state.inputs = len(rows)
     model = await runtime.any_model(body.model)
     request.state.model = model.name
-    return OrjsonResponse(decode(encoder_of(runtime.inference, model), rows, body.skip_special_tokens))
+    return OrjsonResponse(await decode(tokenizer_of(runtime.inference, model), rows, body.skip_special_tokens))
 
 
 def _card(runtime: Runtime, m: ServedModel) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from gateway.service.inference import Inputs
 from gateway.service.registry import ServedModel
 from gateway.service.rerank import ranking, rerank
 from gateway.service.runtime import Runtime
-from gateway.service.tokens import decode, encoder_of, tokenize
+from gateway.service.tokens import decode, tokenize, tokenizer_of
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": TeiError} for code in (400, 401, 404, 413, 415, 422, 424, 429, 501, 503, 504)
@@ -242,7 +242,7 @@ async def tei_tokenize_route(model: ModelName, body: TeiTokenizeRequest, request
     runtime, served = await _served(request, model)
     _check_inputs(request, runtime, texts)
     prefix = prompt_text(served, body.prompt_name) if body.prompt_name is not None else ""
-    tokens = tokenize(encoder_of(runtime.inference, served), with_prompt(texts, prefix), body.add_special_tokens)
+    tokens = await tokenize(tokenizer_of(runtime.inference, served), with_prompt(texts, prefix), body.add_special_tokens)
     return _json(TeiTokenizeResponse.model_validate(tokens))
 
 
@@ -258,7 +258,7 @@ async def tei_decode_route(model: ModelName, body: TeiDecodeRequest, request: Re
     if len(rows) > runtime.settings.max_inputs:
         raise GatewayError(ErrorKind.TOO_LARGE, f"{len(rows)} inputs, over the limit of {runtime.settings.max_inputs}",
                            type="too_many_inputs")
-    texts = decode(encoder_of(runtime.inference, served), rows, body.skip_special_tokens)
+    texts = await decode(tokenizer_of(runtime.inference, served), rows, body.skip_special_tokens)
     return _json(TeiDecodeResponse(texts))
 
 

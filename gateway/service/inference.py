@@ -34,7 +34,6 @@ from contract import (
     TruncationDirection,
 )
 from contract.batching import ROW_PAD_LIMIT, Shapes
-from contract.tokenization import TextEncoder
 from gateway import tracing
 from gateway.errors import ErrorKind, GatewayError, invalid
 from gateway.metrics import BatchMetrics
@@ -157,7 +156,7 @@ class Inference:
         # per-token outputs (/embed_all, bge-m3 lexical weights): a scheduler per (step, output), made on first use;
         # they share the step's tokenizer queue and have a shm pool of their own (sized by their token budget)
         self.token_pipelines: dict[tuple[str, str], TokenPipeline] = {}
-        self.encoders: dict[str, TextEncoder] = {}  # ensemble-pipeline models the gateway can count tokens for
+        self.encoders: dict[str, TokenizerQueue] = {}  # ensemble-pipeline models the gateway can tokenize for
         self.backlogs: dict[str, tuple[Backlog, InFlightLimit]] = {}  # ensemble pipeline, per ensemble
         self._on_model_gone = on_model_gone
         self._fallback_logged: set[str] = set()
@@ -232,11 +231,12 @@ class Inference:
             )
         return entry
 
-    def encoder_for(self, model: ServedModel) -> TextEncoder | None:
-        """The tokenizer the gateway runs for `model` (None when it cannot read the model's tokenizer)."""
+    def tokenizer_for(self, model: ServedModel) -> TokenizerQueue | None:
+        """The tokenizer the gateway runs for `model`, off the event loop (None when it cannot read the model's
+        tokenizer): the scheduler pipeline's, or the one an ensemble-pipeline model counts its tokens with."""
         endpoint = model.endpoint(None)
         pipeline = self.pipelines.get(endpoint.step_model)
-        return pipeline.tokenizer.encoder if pipeline is not None else self.encoders.get(model.name)
+        return pipeline.tokenizer if pipeline is not None else self.encoders.get(model.name)
 
     async def _run_ensemble(
         self, model: ServedModel, endpoint: Endpoint, inputs: Inputs, truncate: bool, deadline: float
@@ -245,9 +245,9 @@ class Inference:
             raise invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
                           "(GATEWAY_REPOSITORY); send text", type="token_input_unsupported")
         texts, pairs = inputs.texts, inputs.pairs
-        encoder = self.encoders.get(model.name)
-        if not truncate and encoder is not None:  # refuse before paying for the inference
-            encoded_here = await asyncio.to_thread(encoder.encode, texts, pairs, inputs.direction)
+        tokenizer = self.encoders.get(model.name)
+        if not truncate and tokenizer is not None:  # refuse before paying for the inference
+            encoded_here = await tokenizer.encode(texts, pairs, inputs.direction)
             _check_lengths(model, encoded_here.num_tokens, truncate)
         backlog, limit = self._ensemble_admission(endpoint)
         backlog.check(deadline)
@@ -338,7 +338,8 @@ class Inference:
         `truncate: false` itself, so that a too-long text is refused before inference."""
         if model.name not in self.encoders:
             try:
-                self.encoders[model.name] = load_encoder(self.settings.repository, model)
+                encoder = load_encoder(self.settings.repository, model)
+                self.encoders[model.name] = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
             except (TokenizerUnavailable, OSError, ValueError):
                 pass
 
