@@ -35,7 +35,7 @@ from contract import (
 )
 from contract.batching import ROW_PAD_LIMIT, Shapes
 from gateway import tracing
-from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
 from gateway.service.in_flight import InFlightLimit
@@ -135,12 +135,8 @@ def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -
         over = np.flatnonzero(num_tokens > model.max_seq_len)
         if over.size:
             i = int(over[0])
-            raise GatewayError(
-                ErrorKind.TOO_LARGE,
-                f"input {i} has {int(num_tokens[i])} tokens, over the model's limit of {model.max_seq_len} "
-                "(send truncate: true to truncate)",
-                type="input_too_long",
-            )
+            raise GatewayError(ErrorType.INPUT_TOO_LONG, f"input {i} has {int(num_tokens[i])} tokens, over the model's "
+                               f"limit of {model.max_seq_len} (send truncate: true to truncate)")
     return int(np.minimum(num_tokens, model.max_seq_len).sum())
 
 
@@ -202,7 +198,7 @@ class Inference:
             outputs = await pipeline.scheduler.submit(encoded, deadline, counted=True)
             return BatchResult(outputs, encoded.num_tokens, tokens, encoded.ids)
         except GatewayError as exc:
-            if exc.type == "model_unavailable":
+            if exc.type is ErrorType.MODEL_UNAVAILABLE:
                 self._on_model_gone()
             raise
 
@@ -243,7 +239,7 @@ class Inference:
     ) -> BatchResult:
         if inputs.token_ids is not None:
             raise invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
-                          "(GATEWAY_REPOSITORY); send text", type="token_input_unsupported")
+                          "(GATEWAY_REPOSITORY); send text", type=ErrorType.TOKEN_INPUT_UNSUPPORTED)
         texts, pairs = inputs.texts, inputs.pairs
         tokenizer = self.encoders.get(model.name)
         if not truncate and tokenizer is not None:  # refuse before paying for the inference
@@ -266,7 +262,7 @@ class Inference:
             held = await limit.acquire(len(first))  # waits here, not in Triton's queue, behind earlier chunks
             if deadline - time.monotonic() < backlog.call_latency_s:  # would expire in Triton: never send it
                 limit.release(held)
-                raise GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its deadline")
+                raise GatewayError(ErrorType.TIMEOUT, "the request would not be answered before its deadline")
             mark, sent = backlog.call_started(), time.perf_counter()
             try:
                 result = await self.client.infer_ensemble(
@@ -419,12 +415,11 @@ class Inference:
         main = self.pipelines.get(endpoint.step_model)
         dim = endpoint.token_width(output)
         if dim is None:
-            raise GatewayError(ErrorKind.UNSUPPORTED_OUTPUT, f"model {model.name!r} has no per-token output "
-                               f"{output!r} (rebuild it with this builder)", type="output_not_available")
+            raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {model.name!r} has no per-token output "
+                               f"{output!r} (rebuild it with this builder)")
         if main is None:
-            raise GatewayError(ErrorKind.NOT_IMPLEMENTED, f"per-token outputs of {model.name!r} need the gateway's "
-                               "scheduler pipeline: it must read the model's tokenizer (GATEWAY_REPOSITORY)",
-                               type="pipeline_unsupported")
+            raise GatewayError(ErrorType.PIPELINE_UNSUPPORTED, f"per-token outputs of {model.name!r} need the "
+                               "gateway's scheduler pipeline: it must read the model's tokenizer (GATEWAY_REPOSITORY)")
         key = (endpoint.step_model, output)
         current = self.token_pipelines.get(key)
         if current is not None and current.parent is main.scheduler:

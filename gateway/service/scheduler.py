@@ -45,7 +45,7 @@ from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS, Layo
 from contract.batching import Shapes, within_limits
 from contract.tokenization import EncodedTexts
 from gateway import tracing
-from gateway.errors import ErrorKind, GatewayError, unavailable
+from gateway.errors import ErrorType, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
 
@@ -258,7 +258,7 @@ class BatchScheduler:
         if row.state != _QUEUED or future.done():
             return True
         if row.caller.deadline < latest:
-            future.set_exception(GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its deadline"))
+            future.set_exception(GatewayError(ErrorType.TIMEOUT, "the request would not be answered before its deadline"))
             return True
         return False
 
@@ -299,8 +299,9 @@ class BatchScheduler:
                     break
         by_width.prune()
         take, rows = p.shapes.fit_rows(len(batch))
-        if take < len(batch):  # a declared row count: the oldest rows go, the others wait where they were
-            batch.sort(key=lambda row: row.seq)
+        if take < len(batch):
+            # A declared row count: the rows added first go (the oldest live row leads, and each prefix of the
+            # batch passed the limits as it grew); the others wait where they were.
             for row in reversed(batch[take:]):
                 by_width.put_back(row)
             del batch[take:]
@@ -381,7 +382,7 @@ class BatchScheduler:
         except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about any failure
             if not isinstance(exc, GatewayError):
                 log.exception("batch of %s failed", self.name)
-                exc = GatewayError(ErrorKind.INTERNAL, "internal error while running a batch")
+                exc = GatewayError(ErrorType.INTERNAL_ERROR, "internal error while running a batch")
             for row in batch:
                 if not row.caller.future.done():
                     row.caller.future.set_exception(exc)
@@ -413,7 +414,7 @@ class BatchScheduler:
         self.backlog.shedding = False  # a scheduler that is gone refuses nothing
         for row in list(self._queue):
             if row.state == _QUEUED and not row.caller.future.done():
-                row.caller.future.set_exception(unavailable("gateway is shutting down", type="shutting_down"))
+                row.caller.future.set_exception(unavailable("gateway is shutting down", type=ErrorType.SHUTTING_DOWN))
         self._queue.clear()
         self._by_width.clear()
         if self._tasks:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from contract.tokenization import TextEncoder, clean_text
-from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.service.inference import Inference
 from gateway.service.registry import ServedModel
 from gateway.service.tokenization import TokenizerQueue
@@ -15,10 +15,8 @@ def tokenizer_of(inference: Inference, model: ServedModel) -> TokenizerQueue:
     """The model's tokenizer as the gateway runs it; 501 when the gateway cannot read it."""
     tokenizer = inference.tokenizer_for(model)
     if tokenizer is None:
-        raise GatewayError(
-            ErrorKind.NOT_IMPLEMENTED,
-            f"the gateway cannot read the tokenizer of {model.name!r} (set GATEWAY_REPOSITORY to the model "
-            "repository Triton serves)", type="tokenizer_unavailable")
+        raise GatewayError(ErrorType.TOKENIZER_UNAVAILABLE, f"the gateway cannot read the tokenizer of {model.name!r} "
+                           "(set GATEWAY_REPOSITORY to the model repository Triton serves)")
     return tokenizer
 
 
@@ -29,7 +27,7 @@ def check_token_ids(encoder: TextEncoder, rows: list[list[int]]) -> None:
         bad = next((t for t in row if not 0 <= t < size), None)
         if bad is not None:
             raise invalid(f"input {i} has token id {bad}, outside this model's vocabulary (0..{size - 1})",
-                          type="invalid_token_id")
+                          type=ErrorType.INVALID_TOKEN_ID)
 
 
 async def tokenize(tokenizer: TokenizerQueue, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 
 from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TRUNCATION_PARAMETER
 from gateway import tracing
-from gateway.errors import ErrorKind, GatewayError, unavailable
+from gateway.errors import ErrorKind, ErrorType, GatewayError, unavailable
 from gateway.metrics import SHM_RETIRED, TRITON_LATENCY
 from gateway.settings import GatewaySettings
 from gateway.triton.shm_pool import (
@@ -133,18 +133,18 @@ def translate_error(exc: InferenceServerException) -> GatewayError:
     status, message = _status(exc), exc.message() or str(exc)
     lower = message.lower()
     if status == "DEADLINE_EXCEEDED":
-        return GatewayError(ErrorKind.TIMEOUT, "Triton did not answer within the deadline")
+        return GatewayError(ErrorType.TIMEOUT, "Triton did not answer within the deadline")
     if status == "CANCELLED":
-        return GatewayError(ErrorKind.TIMEOUT, "the Triton call was cancelled")
+        return GatewayError(ErrorType.TIMEOUT, "the Triton call was cancelled")
     if status == "UNAVAILABLE":  # Triton unreachable or stopping, or a model's queue refusing work
         if "exceeds maximum queue size" in lower:  # an opt-in queue policy (max_queue_size)
-            return GatewayError(ErrorKind.OVERLOADED, "the model's queue is full", type="overloaded", retry_after_s=1)
+            return GatewayError(ErrorType.OVERLOADED, "the model's queue is full", retry_after_s=1)
         if "timeout expired" in lower:  # an opt-in queue policy: the request waited past its `timeout`
-            return GatewayError(ErrorKind.TIMEOUT, "the request expired in Triton's queue")
+            return GatewayError(ErrorType.TIMEOUT, "the request expired in Triton's queue")
         return unavailable("Triton is unavailable")
     if status == "NOT_FOUND" and not _shm_missing(exc):  # unknown, unloaded or still loading
-        return unavailable(f"model not available in Triton: {message}", type="model_unavailable")
-    return GatewayError(ErrorKind.UPSTREAM, f"Triton error: {message}", type="triton_error")
+        return unavailable(f"model not available in Triton: {message}", type=ErrorType.MODEL_UNAVAILABLE)
+    return GatewayError(ErrorType.TRITON_ERROR, f"Triton error: {message}")
 
 
 def _shm_missing(exc: InferenceServerException) -> bool:
@@ -157,13 +157,13 @@ def _in_use(exc: InferenceServerException) -> bool:
     return _status(exc) == "INTERNAL" and "currently in use" in (exc.message() or "").lower()
 
 
-def _repository_error(exc: InferenceServerException, model: str, action: str) -> GatewayError:
+def _repository_error(exc: InferenceServerException, model: str, action: Literal["load", "unload"]) -> GatewayError:
     """A failed load or unload: Triton unreachable, or Triton's reason (e.g. a model that does not load)."""
     error = translate_error(exc)
-    if error.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT) and error.type != "model_unavailable":
+    if error.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT) and error.type is not ErrorType.MODEL_UNAVAILABLE:
         return error
-    return GatewayError(ErrorKind.UPSTREAM, f"Triton could not {action} {model}: {exc.message() or exc}",
-                        type=f"{action}_failed")
+    failed = ErrorType.LOAD_FAILED if action == "load" else ErrorType.UNLOAD_FAILED
+    return GatewayError(failed, f"Triton could not {action} {model}: {exc.message() or exc}")
 
 
 @dataclass(frozen=True, order=True)
@@ -178,9 +178,7 @@ class IndexEntry:
 
 
 def _contract_mismatch(model: str, detail: str) -> GatewayError:
-    return GatewayError(
-        ErrorKind.UPSTREAM, f"{model} answered outside the repository contract: {detail}", type="contract_mismatch"
-    )
+    return GatewayError(ErrorType.CONTRACT_MISMATCH, f"{model} answered outside the repository contract: {detail}")
 
 
 class TritonClient:
@@ -248,7 +246,7 @@ class TritonClient:
                 return (await self.grpc.get_model_config(name, client_timeout=self.timeout)).config
             except InferenceServerException as exc:
                 error = translate_error(exc)
-                if error.type == "model_unavailable":
+                if error.type is ErrorType.MODEL_UNAVAILABLE:
                     return None
                 raise error from None
 
@@ -379,7 +377,7 @@ class TritonClient:
         """gRPC deadline (s) and Triton request timeout (us) of a call that must end by `deadline`."""
         remaining = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
         if remaining <= 0:
-            raise GatewayError(ErrorKind.TIMEOUT, "the request's deadline passed before Triton was called")
+            raise GatewayError(ErrorType.TIMEOUT, "the request's deadline passed before Triton was called")
         return remaining, max(1, int(remaining * 1e6))
 
     # --- inference --------------------------------------------------------------------

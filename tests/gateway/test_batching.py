@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS
 from contract.batching import PAD_RATIO_LIMIT, Shapes, default_rows, default_widths, plan_batches, within_limits
 from contract.tokenization import EncodedTexts
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorKind, ErrorType, GatewayError
 from gateway.metrics import BatchMetrics
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
 from tests.fixtures.waiting import until
@@ -117,7 +117,7 @@ class StepDouble:
             raise
         if self.fail_next:
             self.fail_next = False
-            raise GatewayError(ErrorKind.UPSTREAM, "model step failed", type="triton_error")
+            raise GatewayError(ErrorType.TRITON_ERROR, "model step failed")
         if CU_SEQLENS in tensors:  # packed: rows back to back
             cu = tensors[CU_SEQLENS][0]
             assert len(cu) == rows + 1 and cu[-1] == ids.shape[1]

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from devstack.fake_repository import write_fake_repository
 from devstack.tritonserver import TritonServer, free_port
-from gateway.errors import ErrorKind
+from gateway.errors import ErrorKind, ErrorType
 from gateway.triton.client import _in_use, _repository_error, _shm_missing, _status, translate_error
 from tests.fixtures.triton import serving
 
@@ -76,10 +76,10 @@ async def test_a_model_triton_does_not_serve_is_model_unavailable(grpc: grpcaio.
         exc = await failure(grpc.infer(model, texts("a")))
         assert _status(exc) == "NOT_FOUND" and f"Request for unknown model: '{model}' {words}" in exc.message()
         error = translate_error(exc)
-        assert error.kind is ErrorKind.UNAVAILABLE and error.type == "model_unavailable", exc.message()
+        assert error.kind is ErrorKind.UNAVAILABLE and error.type is ErrorType.MODEL_UNAVAILABLE, exc.message()
         assert not _shm_missing(exc)
     exc = await failure(grpc.get_model_config("idle"))  # discovery meets the same answer
-    assert translate_error(exc).type == "model_unavailable"
+    assert translate_error(exc).type is ErrorType.MODEL_UNAVAILABLE
 
 
 async def test_an_unknown_shm_region_is_told_apart_from_an_unknown_model(grpc: grpcaio.InferenceServerClient) -> None:
@@ -136,7 +136,7 @@ async def test_a_full_queue_is_overloaded_and_an_unreachable_triton_unavailable(
         assert isinstance(refused, InferenceServerException)
         assert _status(refused) == "UNAVAILABLE" and "Exceeds maximum queue size" in refused.message()
         error = translate_error(refused)
-        assert error.kind is ErrorKind.OVERLOADED and error.type == "overloaded" and error.retry_after_s
+        assert error.type is ErrorType.OVERLOADED and error.retry_after_s
     finally:
         gate.touch()
         await asyncio.gather(running, *extra, return_exceptions=True)
@@ -147,7 +147,7 @@ async def test_a_full_queue_is_overloaded_and_an_unreachable_triton_unavailable(
         await nobody.close()
     assert _status(exc) == "UNAVAILABLE" and "failed to connect" in exc.message()
     error = translate_error(exc)
-    assert error.kind is ErrorKind.UNAVAILABLE and error.type == "triton_unavailable"
+    assert error.type is ErrorType.TRITON_UNAVAILABLE
 
 
 async def test_a_passed_deadline_is_a_timeout_and_a_refused_load_keeps_its_reason(
@@ -161,4 +161,4 @@ async def test_a_passed_deadline_is_a_timeout_and_a_refused_load_keeps_its_reaso
     assert _status(exc) == "DEADLINE_EXCEEDED" and translate_error(exc).kind is ErrorKind.TIMEOUT
     exc = await failure(grpc.load_model("nosuchmodel"))  # not a model that is gone: the admin call says why
     error = _repository_error(exc, "nosuchmodel", "load")
-    assert error.type == "load_failed" and "failed to load 'nosuchmodel'" in error.message, error.message
+    assert error.type is ErrorType.LOAD_FAILED and "failed to load 'nosuchmodel'" in error.message, error.message
