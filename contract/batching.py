@@ -11,10 +11,12 @@ new input shape of the fused fp16 BERT graph (measured on an H100, loadtest/cold
 GPU step keeps to a few shapes, warmed at load. Without them a batch is padded to its own longest
 row and takes any row count (the CPU provider has no such cost).
 
-Cutting. Rows are taken in length order; a batch is padded to its own longest row (rounded up to
-a declared width) and grows while it stays within `max_rows`, `max_tokens` padded tokens, and a
-padding bound: padded tokens <= PAD_RATIO_LIMIT x the tokens its rows would take alone (each
-rounded up on its own) + `call_cost_tokens`, what one more model call costs in tokens.
+Cutting. A batch is padded to its own longest row (rounded up to a declared width) and grows while it
+stays `within_limits`: at most `max_rows` rows and `max_tokens` padded tokens, and a padding bound:
+padded tokens <= PAD_RATIO_LIMIT x the tokens its rows would take alone (each rounded up on its own)
++ `call_cost_tokens`, what one more model call costs in tokens. `plan_batches` cuts a whole set of
+rows taken in length order (the runner); the gateway's scheduler grows one batch at a time around its
+oldest queued row under the same limits (gateway/service/scheduler.py).
 """
 
 from __future__ import annotations
@@ -77,6 +79,15 @@ class Shapes:
         return [(r, w) for w in self.widths for r in self.rows if r == 1 or r * w <= max_tokens]
 
 
+def within_limits(rows: int, width: int, alone: int, *, max_rows: int, max_tokens: int, call_cost_tokens: int) -> bool:
+    """Whether `rows` rows padded to `width` may run as one batch, `alone` being the tokens they would take
+    each in a batch of its own (their widths summed). A single row always may."""
+    padded = rows * width
+    return rows == 1 or (
+        rows <= max_rows and padded <= max_tokens and padded <= PAD_RATIO_LIMIT * alone + call_cost_tokens
+    )
+
+
 def plan_batches(
     lengths: Sequence[int],
     shapes: Shapes,
@@ -92,13 +103,8 @@ def plan_batches(
     width = alone = 0
     for index in order:
         new_width = shapes.width(lengths[index])
-        rows = len(members) + 1
-        padded = rows * new_width
-        if members and (
-            rows > max_rows
-            or padded > max_tokens
-            or padded > PAD_RATIO_LIMIT * (alone + new_width) + call_cost_tokens
-        ):
+        if members and not within_limits(len(members) + 1, new_width, alone + new_width, max_rows=max_rows,
+                                         max_tokens=max_tokens, call_cost_tokens=call_cost_tokens):
             batches.append((members, width))
             members, alone = [], 0
         members.append(index)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorType, GatewayError
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json"})
 ADMIN_PREFIX = "/admin/"
@@ -46,9 +46,9 @@ def check_api_key(authorization: str, keys: list[str]) -> GatewayError | None:
         return None
     token = bearer_token(authorization)
     if token is None:
-        return GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer API key")
+        return GatewayError(ErrorType.AUTHENTICATION_ERROR, "missing bearer API key")
     if not key_matches(token, keys):
-        return GatewayError(ErrorKind.UNAUTHORIZED, "invalid API key")
+        return GatewayError(ErrorType.AUTHENTICATION_ERROR, "invalid API key")
     return None
 
 
@@ -60,11 +60,10 @@ def check_admin_key(authorization: str, admin_keys: list[str]) -> GatewayError |
     """None when the header names an admin key; 404 when no admin key is set (the routes are off),
     401 without a bearer key, 403 with a key that is not an admin key (an API key, or a wrong one)."""
     if not admin_keys:
-        return GatewayError(ErrorKind.NOT_FOUND, "the admin API is off: set GATEWAY_ADMIN_KEYS to enable it",
-                            type="not_found")
+        return GatewayError(ErrorType.NOT_FOUND, "the admin API is off: set GATEWAY_ADMIN_KEYS to enable it")
     token = bearer_token(authorization)
     if token is None:
-        return GatewayError(ErrorKind.UNAUTHORIZED, "missing bearer admin key")
+        return GatewayError(ErrorType.AUTHENTICATION_ERROR, "missing bearer admin key")
     if not key_matches(token, admin_keys):
-        return GatewayError(ErrorKind.FORBIDDEN, "this key may not use the admin API", type="forbidden")
+        return GatewayError(ErrorType.FORBIDDEN, "this key may not use the admin API")
     return None

@@ -27,7 +27,7 @@ from gateway.api.cohere_schemas import (
 )
 from gateway.api.responses import OrjsonResponse
 from gateway.api.routes import _ERRORS, _check_inputs, _deadline, _runtime, api
-from gateway.errors import UNSUPPORTED_OPTION, invalid
+from gateway.errors import ErrorType, invalid
 from gateway.metrics import TOKENS
 from gateway.service.embed import check_dimensions, embed, prompt_text, with_prompt
 from gateway.service.inference import Inputs
@@ -62,15 +62,15 @@ def _refuse_unsupported(body: CohereEmbedV2Request, model: ServedModel) -> None:
     """400 `unsupported_option` for what a text encoder here cannot answer exactly."""
     if body.images is not None or body.inputs is not None or body.input_type == "image":
         raise invalid("images and multimodal `inputs` are not supported (text models): send `texts`",
-                      type=UNSUPPORTED_OPTION)
+                      type=ErrorType.UNSUPPORTED_OPTION)
     inexact = sorted({t for t in body.embedding_types or () if t not in EXACT_TYPES})
     if inexact:
         raise invalid(f"embedding_types {inexact} are not served: Cohere's int8 scales are calibrated per model "
                       f"and not published, so there is no exact equivalent; use {', '.join(EXACT_TYPES)}",
-                      type=UNSUPPORTED_OPTION)
+                      type=ErrorType.UNSUPPORTED_OPTION)
     if body.max_tokens is not None and body.max_tokens < model.max_seq_len:
         raise invalid(f"max_tokens below the model's max_seq_len ({model.max_seq_len}) is not supported: texts are "
-                      "truncated at max_seq_len", type=UNSUPPORTED_OPTION)
+                      "truncated at max_seq_len", type=ErrorType.UNSUPPORTED_OPTION)
 
 
 def _embeddings(vectors: np.ndarray, types: set[str]) -> CohereEmbeddings:

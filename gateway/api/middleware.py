@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.api.auth import check_admin_key, check_api_key, is_admin, is_public
 from gateway.api.errors import error_response, gateway_error_response
 from gateway.api.shedding import inference_route
-from gateway.errors import GatewayError
+from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
 
 log = logging.getLogger("gateway.access")
@@ -111,8 +111,8 @@ class RequestContextMiddleware:
                 finished = True  # before sending: the server reports the completed response as a disconnect
             await send(message)
 
-        async def reply(status_: int, type_: str, message: str, retry_after_s: float | None = None) -> None:
-            await error_response(status_, type_, message, retry_after_s)(scope, receive, send_with_id)
+        async def reply(type_: ErrorType, message: str, retry_after_s: float | None = None) -> None:
+            await error_response(type_, message, retry_after_s)(scope, receive, send_with_id)
 
 
         async def watch_disconnect() -> None:
@@ -140,11 +140,11 @@ class RequestContextMiddleware:
         if denied is not None:
             await gateway_error_response(denied)(scope, receive, send_with_id)
         elif length is not None and length > self.max_body_bytes:
-            await reply(413, "body_too_large", too_large)
+            await reply(ErrorType.BODY_TOO_LARGE, too_large)
         elif self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
             if self.refusal_pause_s > 0:  # paced, like a shedding model's refusals (api/shedding.py)
                 await asyncio.sleep(self.refusal_pause_s)
-            await reply(429, "rate_limited", "too many requests in flight", retry_after_s=1)
+            await reply(ErrorType.RATE_LIMITED, "too many requests in flight", retry_after_s=1)
         else:
             self.in_flight += 1
             IN_FLIGHT.inc()
@@ -152,7 +152,7 @@ class RequestContextMiddleware:
                 await self.app(scope, limited_receive, send_with_id)
             except BodyTooLarge:
                 if not started:
-                    await reply(413, "body_too_large", too_large)
+                    await reply(ErrorType.BODY_TOO_LARGE, too_large)
             except asyncio.CancelledError:
                 if not disconnected:
                     raise
@@ -161,7 +161,7 @@ class RequestContextMiddleware:
             except Exception:
                 log.exception("unhandled error", extra={"request_id": rid})
                 if not started:
-                    await reply(500, "internal_error", "internal error")
+                    await reply(ErrorType.INTERNAL_ERROR, "internal error")
             finally:
                 finished = True
                 if watcher is not None:

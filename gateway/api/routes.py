@@ -36,7 +36,7 @@ from gateway.api.schemas import (
     Token,
     TokenizeRequest,
 )
-from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.metrics import TOKENS, render_latest
 from gateway.service.classify import check_pairs, classify
 from gateway.service.embed import (
@@ -50,7 +50,7 @@ from gateway.service.inference import Inputs
 from gateway.service.registry import Backend, ServedModel
 from gateway.service.rerank import ranking, rerank
 from gateway.service.runtime import Runtime
-from gateway.service.tokens import check_token_ids, decode, encoder_of, tokenize
+from gateway.service.tokens import check_token_ids, decode, tokenize, tokenizer_of
 
 T = TypeVar("T")
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -62,10 +62,8 @@ def json_media_error(content_type: str) -> GatewayError | None:
     """The 415 of a POST body not declared as JSON (a form or text body would fail obscurely later)."""
     media = content_type.partition(";")[0].strip().lower()
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-        return GatewayError(
-            ErrorKind.UNSUPPORTED_MEDIA,
-            f"send the body as JSON with Content-Type: application/json (got {media or 'no Content-Type'!r})",
-        )
+        return GatewayError(ErrorType.UNSUPPORTED_MEDIA_TYPE, "send the body as JSON with Content-Type: "
+                            f"application/json (got {media or 'no Content-Type'!r})")
     return None
 
 
@@ -88,13 +86,12 @@ def _check_inputs(request: Request, runtime: Runtime, texts: list[str], *more: l
     request.state.inputs = len(texts)
     s = runtime.settings
     if len(texts) > s.max_inputs:
-        raise GatewayError(ErrorKind.TOO_LARGE, f"{len(texts)} inputs, over the limit of {s.max_inputs}",
-                           type="too_many_inputs")
+        raise GatewayError(ErrorType.TOO_MANY_INPUTS, f"{len(texts)} inputs, over the limit of {s.max_inputs}")
     for group in (texts, *more):
         for i, text in enumerate(group):
             if len(text) > s.max_input_chars:
-                raise GatewayError(ErrorKind.TOO_LARGE, f"input {i} has {len(text)} characters, over the limit of "
-                                   f"{s.max_input_chars}", type="input_too_long")
+                raise GatewayError(ErrorType.INPUT_TOO_LONG, f"input {i} has {len(text)} characters, over the limit of "
+                                   f"{s.max_input_chars}")
 
 
 def _texts(request: Request, runtime: Runtime, inputs: str | list[str]) -> list[str]:
@@ -121,7 +118,7 @@ async def _deadline(runtime: Runtime, work: Callable[[float], Awaitable[T]]) -> 
         async with asyncio.timeout(timeout):
             return await work(time.monotonic() + timeout)
     except TimeoutError:
-        raise GatewayError(ErrorKind.TIMEOUT, f"request took longer than {timeout}s") from None
+        raise GatewayError(ErrorType.TIMEOUT, f"request took longer than {timeout}s") from None
 
 
 @api.post("/classify", response_class=OrjsonResponse, responses={200: {"model": ClassifyResponse}})
@@ -163,16 +160,16 @@ def _openai_inputs(runtime: Runtime, request: Request, body: OpenAIEmbeddingRequ
         rows = [cast(list[int], raw)] if isinstance(raw[0], int) else cast(list[list[int]], raw)
         request.state.inputs = len(rows)
         if len(rows) > runtime.settings.max_inputs:
-            raise GatewayError(ErrorKind.TOO_LARGE, f"{len(rows)} inputs, over the limit of "
-                               f"{runtime.settings.max_inputs}", type="too_many_inputs")
+            raise GatewayError(ErrorType.TOO_MANY_INPUTS, f"{len(rows)} inputs, over the limit of "
+                               f"{runtime.settings.max_inputs}")
         if body.input_type is not None:
             raise invalid("input_type applies to text input; token ids are taken as given",
-                          type="prompt_with_token_input")
-        encoder = runtime.inference.encoder_for(model)
-        if encoder is None:
+                          type=ErrorType.PROMPT_WITH_TOKEN_INPUT)
+        tokenizer = runtime.inference.tokenizer_for(model)
+        if tokenizer is None:
             raise invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
-                          "(GATEWAY_REPOSITORY); send text", type="token_input_unsupported")
-        check_token_ids(encoder, rows)
+                          "(GATEWAY_REPOSITORY); send text", type=ErrorType.TOKEN_INPUT_UNSUPPORTED)
+        check_token_ids(tokenizer.encoder, rows)
         return Inputs([], token_ids=rows)
     texts = _texts(request, runtime, cast(str | list[str], raw))
     return Inputs(with_prompt(texts, prompt_text(model, prompt_for_input_type(model, body.input_type))))
@@ -265,8 +262,8 @@ async def tokenize_route(body: TokenizeRequest, request: Request) -> Response:
     model = await runtime.any_model(body.model)
     request.state.model = model.name
     prefix = prompt_text(model, body.prompt_name) if body.prompt_name is not None else ""
-    encoder = encoder_of(runtime.inference, model)
-    return OrjsonResponse(tokenize(encoder, with_prompt(texts, prefix), body.add_special_tokens))
+    tokenizer = tokenizer_of(runtime.inference, model)
+    return OrjsonResponse(await tokenize(tokenizer, with_prompt(texts, prefix), body.add_special_tokens))
 
 
 @api.post("/decode", response_class=OrjsonResponse, responses={200: {"model": list[str]}, 501: {}})
@@ -277,7 +274,7 @@ async def decode_route(body: DecodeRequest, request: Request) -> Response:
     request.state.inputs = len(rows)
     model = await runtime.any_model(body.model)
     request.state.model = model.name
-    return OrjsonResponse(decode(encoder_of(runtime.inference, model), rows, body.skip_special_tokens))
+    return OrjsonResponse(await decode(tokenizer_of(runtime.inference, model), rows, body.skip_special_tokens))
 
 
 def _card(runtime: Runtime, m: ServedModel) -> dict[str, Any]:

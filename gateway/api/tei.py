@@ -46,7 +46,7 @@ from gateway.api.tei_schemas import (
     TeiTokenizeRequest,
     TeiTokenizeResponse,
 )
-from gateway.errors import EMPTY_INPUT, ErrorKind, GatewayError, invalid, unavailable
+from gateway.errors import ErrorType, GatewayError, invalid, unavailable
 from gateway.metrics import TOKENS
 from gateway.service.classify import check_pairs, classify
 from gateway.service.embed import check_dimensions, embed, prompt_text, with_prompt
@@ -54,7 +54,7 @@ from gateway.service.inference import Inputs
 from gateway.service.registry import ServedModel
 from gateway.service.rerank import ranking, rerank
 from gateway.service.runtime import Runtime
-from gateway.service.tokens import decode, encoder_of, tokenize
+from gateway.service.tokens import decode, tokenize, tokenizer_of
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": TeiError} for code in (400, 401, 404, 413, 415, 422, 424, 429, 501, 503, 504)
@@ -88,7 +88,7 @@ def _count_tokens(request: Request, model: ServedModel, tokens: int) -> None:
 def _not_empty(texts: list[str], field: str) -> None:
     """TEI's `Empty` (400) for an empty list or an empty text."""
     if not texts or not all(texts):
-        raise invalid(f"`{field}` cannot be empty", type=EMPTY_INPUT)
+        raise invalid(f"`{field}` cannot be empty", type=ErrorType.EMPTY_INPUT)
 
 
 def _direction(value: str) -> TruncationDirection:
@@ -242,7 +242,7 @@ async def tei_tokenize_route(model: ModelName, body: TeiTokenizeRequest, request
     runtime, served = await _served(request, model)
     _check_inputs(request, runtime, texts)
     prefix = prompt_text(served, body.prompt_name) if body.prompt_name is not None else ""
-    tokens = tokenize(encoder_of(runtime.inference, served), with_prompt(texts, prefix), body.add_special_tokens)
+    tokens = await tokenize(tokenizer_of(runtime.inference, served), with_prompt(texts, prefix), body.add_special_tokens)
     return _json(TeiTokenizeResponse.model_validate(tokens))
 
 
@@ -252,13 +252,12 @@ async def tei_decode_route(model: ModelName, body: TeiDecodeRequest, request: Re
     ids = body.ids
     rows = [cast(list[int], ids)] if not ids or isinstance(ids[0], int) else cast(list[list[int]], ids)
     if not rows or not all(rows):
-        raise invalid("`ids` cannot be empty", type=EMPTY_INPUT)
+        raise invalid("`ids` cannot be empty", type=ErrorType.EMPTY_INPUT)
     runtime, served = await _served(request, model)
     request.state.inputs = len(rows)
     if len(rows) > runtime.settings.max_inputs:
-        raise GatewayError(ErrorKind.TOO_LARGE, f"{len(rows)} inputs, over the limit of {runtime.settings.max_inputs}",
-                           type="too_many_inputs")
-    texts = decode(encoder_of(runtime.inference, served), rows, body.skip_special_tokens)
+        raise GatewayError(ErrorType.TOO_MANY_INPUTS, f"{len(rows)} inputs, over the limit of {runtime.settings.max_inputs}")
+    texts = await decode(tokenizer_of(runtime.inference, served), rows, body.skip_special_tokens)
     return _json(TeiDecodeResponse(texts))
 
 
@@ -307,5 +306,5 @@ async def tei_health_route(model: ModelName, request: Request) -> Response:
     runtime, served = await _served(request, model)
     result = (await runtime.probe([served]))[served.name]
     if result != "ok":
-        raise unavailable(f"model {served.name!r} is unhealthy: {result}", type="model_unavailable")
+        raise unavailable(f"model {served.name!r} is unhealthy: {result}", type=ErrorType.MODEL_UNAVAILABLE)
     return Response(status_code=200)

@@ -13,44 +13,48 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.tei_schemas import TeiError, TeiErrorType
-from gateway.errors import EMPTY_INPUT
+from gateway.errors import ErrorKind, ErrorType
 
 TEI_PREFIX = "/tei/"
 
-# The gateway's error type -> TEI's status and error_type, where TEI answers that case itself.
-_BY_TYPE: dict[str, tuple[int, TeiErrorType]] = {
-    EMPTY_INPUT: (400, "Empty"),
-    "invalid_json": (400, "Validation"),  # axum's JSON syntax rejection is a 400 too
-    "invalid_unicode": (400, "Validation"),
-    "wrong_task": (424, "Backend"),  # TEI: "model is not a re-ranker model" and its kin
-    "too_many_inputs": (422, "Validation"),  # TEI: "batch size N > maximum allowed batch size"
-    "input_too_long": (422, "Validation"),  # TEI: "`inputs` must have less than N tokens"
-    "overloaded": (429, "Overloaded"),
-    "rate_limited": (429, "Overloaded"),
-    "tokenizer_unavailable": (501, "Tokenizer"),
+# The gateway's error kind -> TEI's status and error_type. Cases TEI never meets (auth, an unknown model, a
+# timeout) keep the gateway's status, with the nearest of TEI's six types.
+_BY_KIND: dict[ErrorKind, tuple[int, TeiErrorType]] = {
+    ErrorKind.INVALID: (422, "Validation"),  # a request TEI parses but refuses: an unknown prompt, dimensions, pairs
+    ErrorKind.VALIDATION: (422, "Validation"),
+    ErrorKind.UNAUTHORIZED: (401, "Validation"),
+    ErrorKind.FORBIDDEN: (403, "Validation"),
+    ErrorKind.NOT_FOUND: (404, "Validation"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "Validation"),
+    ErrorKind.TOO_LARGE: (413, "Validation"),
+    ErrorKind.UNSUPPORTED_MEDIA: (415, "Validation"),
+    ErrorKind.UNSUPPORTED_OUTPUT: (424, "Validation"),
+    ErrorKind.RATE_LIMITED: (429, "Overloaded"),
+    ErrorKind.INTERNAL: (500, "Backend"),
+    ErrorKind.NOT_IMPLEMENTED: (501, "Backend"),
+    ErrorKind.UPSTREAM: (424, "Backend"),  # Triton failed: TEI's backend error
+    ErrorKind.OVERLOADED: (429, "Overloaded"),
+    ErrorKind.UNAVAILABLE: (503, "Unhealthy"),
+    ErrorKind.TIMEOUT: (504, "Backend"),
 }
-# The rest by the gateway's status. Cases TEI never meets (an unknown model, auth, a timeout) keep the
-# gateway's status, with the nearest of TEI's six types.
-_BY_STATUS: dict[int, tuple[int, TeiErrorType]] = {
-    400: (422, "Validation"),  # a request TEI parses but refuses: an unknown prompt, dimensions, pairs
-    413: (413, "Validation"),
-    422: (422, "Validation"),
-    429: (429, "Overloaded"),
-    502: (424, "Backend"),  # Triton failed: TEI's backend error
-    503: (503, "Unhealthy"),
+# Error types TEI answers otherwise than their kind.
+_BY_TYPE: dict[ErrorType, tuple[int, TeiErrorType]] = {
+    ErrorType.EMPTY_INPUT: (400, "Empty"),
+    ErrorType.INVALID_JSON: (400, "Validation"),  # axum's JSON syntax rejection is a 400 too
+    ErrorType.INVALID_UNICODE: (400, "Validation"),
+    ErrorType.WRONG_TASK: (424, "Backend"),  # TEI: "model is not a re-ranker model" and its kin
+    ErrorType.TOO_MANY_INPUTS: (422, "Validation"),  # TEI: "batch size N > maximum allowed batch size"
+    ErrorType.INPUT_TOO_LONG: (422, "Validation"),  # TEI: "`inputs` must have less than N tokens"
+    ErrorType.TOKENIZER_UNAVAILABLE: (501, "Tokenizer"),
 }
 
 
-def tei_status(status: int, type_: str) -> tuple[int, TeiErrorType]:
-    """TEI's status code and error_type for a gateway error answered with `status` and `type_`."""
-    if type_ in _BY_TYPE:
-        return _BY_TYPE[type_]
-    if status in _BY_STATUS:
-        return _BY_STATUS[status]
-    return status, "Backend" if status >= 500 else "Validation"
+def tei_status(type_: ErrorType) -> tuple[int, TeiErrorType]:
+    """TEI's status code and error_type for a gateway error of `type_`."""
+    return _BY_TYPE.get(type_) or _BY_KIND[type_.kind]
 
 
-def tei_body(status: int, body: bytes) -> tuple[int, bytes] | None:
+def tei_body(body: bytes) -> tuple[int, bytes] | None:
     """The TEI status and body for a gateway error body; None when `body` is not the gateway's error shape."""
     try:
         payload = orjson.loads(body)
@@ -59,7 +63,10 @@ def tei_body(status: int, body: bytes) -> tuple[int, bytes] | None:
     error = payload.get("error") if isinstance(payload, dict) and len(payload) == 1 else None
     if not (isinstance(error, dict) and isinstance(error.get("type"), str) and isinstance(error.get("message"), str)):
         return None
-    code, error_type = tei_status(status, error["type"])
+    try:
+        code, error_type = tei_status(ErrorType(error["type"]))
+    except ValueError:  # not one of the gateway's types: left as it is
+        return None
     return code, orjson.dumps(TeiError(error=error["message"], error_type=error_type).model_dump())
 
 
@@ -88,7 +95,7 @@ class TeiErrorShape:
             if message.get("more_body", False):
                 return
             status, payload = start["status"], bytes(body)
-            rewritten = tei_body(status, payload)
+            rewritten = tei_body(payload)
             if rewritten is not None:
                 status, payload = rewritten
             headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"content-length"]

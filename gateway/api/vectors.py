@@ -13,7 +13,7 @@ from starlette.responses import Response
 from gateway.api.responses import OrjsonResponse
 from gateway.api.routes import _ERRORS, _deadline, _runtime, _texts, require_json
 from gateway.api.schemas import EmbedAllRequest, EmbedSparseRequest, SparseValue
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import TOKENS
 from gateway.service.embed import prompt_text, with_prompt
 from gateway.service.inference import Inputs
@@ -36,9 +36,9 @@ async def _model(runtime: Runtime, name: str | None, has: Callable[[ServedModel]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        raise GatewayError(ErrorKind.NOT_FOUND, f"no model with {what} is served")
-    raise GatewayError(ErrorKind.INVALID, f"several models with {what} are served "
-                       f"({sorted(m.name for m in candidates)}): name one in `model`", type="model_required")
+        raise GatewayError(ErrorType.MODEL_NOT_FOUND, f"no model with {what} is served")
+    raise GatewayError(ErrorType.MODEL_REQUIRED, f"several models with {what} are served "
+                       f"({sorted(m.name for m in candidates)}): name one in `model`")
 
 
 def _has(check: Callable[[ServedModel], None]) -> Callable[[ServedModel], bool]:

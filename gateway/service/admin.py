@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorType, GatewayError
 from gateway.service.registry import Family
 from gateway.service.runtime import Runtime
 
@@ -36,7 +36,7 @@ class ModelAdmin:
         family = (await self.families()).get(name)
         if family is None:
             known = sorted(self.runtime.registry.families)
-            raise GatewayError(ErrorKind.NOT_FOUND, f"no model family {name!r} in Triton's repository (known: {known})")
+            raise GatewayError(ErrorType.MODEL_NOT_FOUND, f"no model family {name!r} in Triton's repository (known: {known})")
         return family
 
     async def load(self, name: str) -> Family:

@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Callable
 
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorType, GatewayError
 
 ADMIT_FRACTION = 0.8  # share of a request's remaining time it may spend waiting behind others
 _HALF_LIFE_CALLS = 64  # the fit forgets older calls by this half-life (the hardware may change: reload, contention)
@@ -162,10 +162,10 @@ class Backlog:
         if wait > allowed:
             self.shedding = True
             raise GatewayError(
-                ErrorKind.OVERLOADED,
+                ErrorType.OVERLOADED,
                 f"{self.name} is overloaded: about {wait:.1f}s of work ahead, over the {max(allowed, 0.0):.1f}s this "
                 "request may wait; retry after it",
-                type="overloaded", retry_after_s=wait,
+                retry_after_s=wait,
             )
         self.shedding = False
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.errors import invalid
+from gateway.errors import ErrorType, invalid
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
 
@@ -31,10 +31,10 @@ def predictions(labels: tuple[str, ...], probs: np.ndarray) -> list[dict[str, An
 def check_pairs(model: ServedModel, pairs: bool) -> None:
     """400 when a request sends pairs to a single-text model, or single texts to a pair model."""
     if pairs and not model.pairs:
-        raise invalid(f"model {model.name!r} takes single texts, not pairs", type="pairs_not_supported")
+        raise invalid(f"model {model.name!r} takes single texts, not pairs", type=ErrorType.PAIRS_NOT_SUPPORTED)
     if model.pairs and not pairs:
         raise invalid(f"model {model.name!r} takes text pairs: send inputs as [[text, text_pair], ...]",
-                      type="pairs_required")
+                      type=ErrorType.PAIRS_REQUIRED)
 
 
 async def classify(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.errors import invalid
+from gateway.errors import ErrorType, invalid
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
 
@@ -29,7 +29,7 @@ def prompt_text(model: ServedModel, prompt_name: str | None) -> str:
         return ""
     if name not in model.prompts:
         known = ", ".join(sorted(model.prompts)) or "none"
-        raise invalid(f"model {model.name!r} has no prompt {name!r} (its prompts: {known})", type="unknown_prompt")
+        raise invalid(f"model {model.name!r} has no prompt {name!r} (its prompts: {known})", type=ErrorType.UNKNOWN_PROMPT)
     return model.prompts[name]
 
 
@@ -42,7 +42,7 @@ def prompt_for_input_type(model: ServedModel, input_type: str | None) -> str | N
         if name in model.prompts:
             return name
     raise invalid(f"model {model.name!r} has no prompt for input_type {input_type!r} "
-                  f"(its prompts: {', '.join(sorted(model.prompts))})", type="unknown_prompt")
+                  f"(its prompts: {', '.join(sorted(model.prompts))})", type=ErrorType.UNKNOWN_PROMPT)
 
 
 def check_dimensions(model: ServedModel, dimensions: int | None) -> int | None:
@@ -54,7 +54,7 @@ def check_dimensions(model: ServedModel, dimensions: int | None) -> int | None:
     allowed = sorted({*model.matryoshka_dims, model.embedding_dim})
     reason = "" if model.matryoshka_dims else " (it was not built as a matryoshka model)"
     raise invalid(f"model {model.name!r} cannot produce {dimensions}-dimensional embeddings{reason}; "
-                  f"allowed dimensions: {allowed}", type="unsupported_dimensions")
+                  f"allowed dimensions: {allowed}", type=ErrorType.UNSUPPORTED_DIMENSIONS)
 
 
 def with_prompt(texts: list[str], prefix: str) -> list[str]:

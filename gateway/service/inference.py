@@ -34,9 +34,8 @@ from contract import (
     TruncationDirection,
 )
 from contract.batching import ROW_PAD_LIMIT, Shapes
-from contract.tokenization import TextEncoder
 from gateway import tracing
-from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
 from gateway.service.in_flight import InFlightLimit
@@ -136,12 +135,8 @@ def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -
         over = np.flatnonzero(num_tokens > model.max_seq_len)
         if over.size:
             i = int(over[0])
-            raise GatewayError(
-                ErrorKind.TOO_LARGE,
-                f"input {i} has {int(num_tokens[i])} tokens, over the model's limit of {model.max_seq_len} "
-                "(send truncate: true to truncate)",
-                type="input_too_long",
-            )
+            raise GatewayError(ErrorType.INPUT_TOO_LONG, f"input {i} has {int(num_tokens[i])} tokens, over the model's "
+                               f"limit of {model.max_seq_len} (send truncate: true to truncate)")
     return int(np.minimum(num_tokens, model.max_seq_len).sum())
 
 
@@ -157,7 +152,7 @@ class Inference:
         # per-token outputs (/embed_all, bge-m3 lexical weights): a scheduler per (step, output), made on first use;
         # they share the step's tokenizer queue and have a shm pool of their own (sized by their token budget)
         self.token_pipelines: dict[tuple[str, str], TokenPipeline] = {}
-        self.encoders: dict[str, TextEncoder] = {}  # ensemble-pipeline models the gateway can count tokens for
+        self.encoders: dict[str, TokenizerQueue] = {}  # ensemble-pipeline models the gateway can tokenize for
         self.backlogs: dict[str, tuple[Backlog, InFlightLimit]] = {}  # ensemble pipeline, per ensemble
         self._on_model_gone = on_model_gone
         self._fallback_logged: set[str] = set()
@@ -203,7 +198,7 @@ class Inference:
             outputs = await pipeline.scheduler.submit(encoded, deadline, counted=True)
             return BatchResult(outputs, encoded.num_tokens, tokens, encoded.ids)
         except GatewayError as exc:
-            if exc.type == "model_unavailable":
+            if exc.type is ErrorType.MODEL_UNAVAILABLE:
                 self._on_model_gone()
             raise
 
@@ -232,22 +227,23 @@ class Inference:
             )
         return entry
 
-    def encoder_for(self, model: ServedModel) -> TextEncoder | None:
-        """The tokenizer the gateway runs for `model` (None when it cannot read the model's tokenizer)."""
+    def tokenizer_for(self, model: ServedModel) -> TokenizerQueue | None:
+        """The tokenizer the gateway runs for `model`, off the event loop (None when it cannot read the model's
+        tokenizer): the scheduler pipeline's, or the one an ensemble-pipeline model counts its tokens with."""
         endpoint = model.endpoint(None)
         pipeline = self.pipelines.get(endpoint.step_model)
-        return pipeline.tokenizer.encoder if pipeline is not None else self.encoders.get(model.name)
+        return pipeline.tokenizer if pipeline is not None else self.encoders.get(model.name)
 
     async def _run_ensemble(
         self, model: ServedModel, endpoint: Endpoint, inputs: Inputs, truncate: bool, deadline: float
     ) -> BatchResult:
         if inputs.token_ids is not None:
             raise invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
-                          "(GATEWAY_REPOSITORY); send text", type="token_input_unsupported")
+                          "(GATEWAY_REPOSITORY); send text", type=ErrorType.TOKEN_INPUT_UNSUPPORTED)
         texts, pairs = inputs.texts, inputs.pairs
-        encoder = self.encoders.get(model.name)
-        if not truncate and encoder is not None:  # refuse before paying for the inference
-            encoded_here = await asyncio.to_thread(encoder.encode, texts, pairs, inputs.direction)
+        tokenizer = self.encoders.get(model.name)
+        if not truncate and tokenizer is not None:  # refuse before paying for the inference
+            encoded_here = await tokenizer.encode(texts, pairs, inputs.direction)
             _check_lengths(model, encoded_here.num_tokens, truncate)
         backlog, limit = self._ensemble_admission(endpoint)
         backlog.check(deadline)
@@ -266,7 +262,7 @@ class Inference:
             held = await limit.acquire(len(first))  # waits here, not in Triton's queue, behind earlier chunks
             if deadline - time.monotonic() < backlog.call_latency_s:  # would expire in Triton: never send it
                 limit.release(held)
-                raise GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its deadline")
+                raise GatewayError(ErrorType.TIMEOUT, "the request would not be answered before its deadline")
             mark, sent = backlog.call_started(), time.perf_counter()
             try:
                 result = await self.client.infer_ensemble(
@@ -338,7 +334,8 @@ class Inference:
         `truncate: false` itself, so that a too-long text is refused before inference."""
         if model.name not in self.encoders:
             try:
-                self.encoders[model.name] = load_encoder(self.settings.repository, model)
+                encoder = load_encoder(self.settings.repository, model)
+                self.encoders[model.name] = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
             except (TokenizerUnavailable, OSError, ValueError):
                 pass
 
@@ -418,12 +415,11 @@ class Inference:
         main = self.pipelines.get(endpoint.step_model)
         dim = endpoint.token_width(output)
         if dim is None:
-            raise GatewayError(ErrorKind.UNSUPPORTED_OUTPUT, f"model {model.name!r} has no per-token output "
-                               f"{output!r} (rebuild it with this builder)", type="output_not_available")
+            raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {model.name!r} has no per-token output "
+                               f"{output!r} (rebuild it with this builder)")
         if main is None:
-            raise GatewayError(ErrorKind.NOT_IMPLEMENTED, f"per-token outputs of {model.name!r} need the gateway's "
-                               "scheduler pipeline: it must read the model's tokenizer (GATEWAY_REPOSITORY)",
-                               type="pipeline_unsupported")
+            raise GatewayError(ErrorType.PIPELINE_UNSUPPORTED, f"per-token outputs of {model.name!r} need the "
+                               "gateway's scheduler pipeline: it must read the model's tokenizer (GATEWAY_REPOSITORY)")
         key = (endpoint.step_model, output)
         current = self.token_pipelines.get(key)
         if current is not None and current.parent is main.scheduler:

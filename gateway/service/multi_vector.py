@@ -9,15 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorType, GatewayError
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
 
 
 def _check(model: ServedModel, output: str, route: str, served: str) -> None:
     if model.task != "embed" or model.endpoint(None).token_width(output) is None:
-        raise GatewayError(ErrorKind.UNSUPPORTED_OUTPUT, f"model {model.name!r} has no {output} output: {route} "
-                           f"serves {served}", type="output_not_available")
+        raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {model.name!r} has no {output} output: {route} "
+                           f"serves {served}")
 
 
 def check_embed_all(model: ServedModel) -> None:

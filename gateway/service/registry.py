@@ -30,7 +30,7 @@ from contract import (
     output_name,
 )
 from contract.batching import parse_sizes
-from gateway.errors import ErrorKind, GatewayError, invalid, unavailable
+from gateway.errors import ErrorType, GatewayError, invalid, unavailable
 from gateway.triton.client import IndexEntry
 
 log = logging.getLogger("gateway.registry")
@@ -167,7 +167,7 @@ class ServedModel:
         if chosen not in self.endpoints:
             raise invalid(
                 f"model {self.name!r} has no {chosen!r} backend (available: {sorted(self.endpoints)})",
-                type="backend_not_available",
+                type=ErrorType.BACKEND_NOT_AVAILABLE,
             )
         return self.endpoints[chosen]
 
@@ -361,11 +361,11 @@ class Registry:
         """404 for an unknown or unloaded family; 503 with Retry-After for one that is loading."""
         state = self.state_of(name)
         if state == "loading":
-            return unavailable(f"model {name!r} is loading; retry shortly", type="model_loading",
+            return unavailable(f"model {name!r} is loading; retry shortly", type=ErrorType.MODEL_LOADING,
                                retry_after_s=LOADING_RETRY_AFTER_S)
         if state is None:
-            return GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
-        return GatewayError(ErrorKind.NOT_FOUND, f"model {name!r} is not served: it is {state} "
+            return GatewayError(ErrorType.MODEL_NOT_FOUND, f"model {name!r} is not served (served: {sorted(self.models)})")
+        return GatewayError(ErrorType.MODEL_NOT_FOUND, f"model {name!r} is not served: it is {state} "
                             f"(served: {sorted(self.models)})")
 
     def touch(self) -> None:
@@ -382,9 +382,9 @@ class Registry:
             if len(self.models) == 1:
                 return next(iter(self.models.values()))
             if not self.models:
-                raise GatewayError(ErrorKind.NOT_FOUND, "no model is served")
+                raise GatewayError(ErrorType.MODEL_NOT_FOUND, "no model is served")
             raise invalid(f"several models are served ({sorted(self.models)}): name one in `model`",
-                          type="model_required")
+                          type=ErrorType.MODEL_REQUIRED)
         model = self.models.get(name)
         if model is None:
             raise self._not_served(name)
@@ -397,14 +397,14 @@ class Registry:
             if len(candidates) == 1:
                 return candidates[0]
             if not candidates:
-                raise GatewayError(ErrorKind.NOT_FOUND, f"no {task} model is served")
+                raise GatewayError(ErrorType.MODEL_NOT_FOUND, f"no {task} model is served")
             raise invalid(
                 f"several {task} models are served ({sorted(m.name for m in candidates)}): name one in `model`",
-                type="model_required",
+                type=ErrorType.MODEL_REQUIRED,
             )
         model = self.models.get(name)
         if model is None:
             raise self._not_served(name)
         if model.task != task:
-            raise invalid(f"model {name!r} serves the {model.task} task, not {task}", type="wrong_task")
+            raise invalid(f"model {name!r} serves the {model.task} task, not {task}", type=ErrorType.WRONG_TASK)
         return model

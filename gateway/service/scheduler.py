@@ -8,10 +8,13 @@ the queue (no timer: batches fill up while earlier ones run). How depends on the
 - packed (a step that computes only real tokens): rows are taken in arrival order until the
   token budget or the row limit is reached, and sent back to back with their `cu_seqlens`;
   no padding, no sorting, and forming a batch costs O(its rows) whatever the queue holds.
-- padded (TensorRT profiles, CPU builds, older builds): the rows are sorted by length and cut
-  by contract/batching.py's rule (token budget, row limit, bounded padding, each batch padded
-  only to its own longest row, in a declared shape), and the batch holding the oldest row goes
-  first.
+- padded (TensorRT profiles, CPU builds, older builds): rows wait in one queue per padded width
+  (each in arrival order). A batch is grown around the oldest queued row: the rows of its width,
+  oldest first, then of the next wider widths, then of the narrower ones, for as long as
+  contract/batching.py's limits hold (token budget, row limit, bounded padding, padded only to its
+  own longest row, in a declared shape). Like the packed layout (and text-embeddings-inference's
+  queue), forming a batch costs O(its rows), however many rows are queued, and the oldest row
+  always goes in the next batch.
 
 When a batch returns, its output rows are scattered back to their callers, in order.
 
@@ -28,6 +31,8 @@ computed. A failed batch fails every caller with a row in it.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
 import time
 from collections import deque
@@ -37,10 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS, Layout
-from contract.batching import Shapes, plan_batches
+from contract.batching import Shapes, within_limits
 from contract.tokenization import EncodedTexts
 from gateway import tracing
-from gateway.errors import ErrorKind, GatewayError, unavailable
+from gateway.errors import ErrorType, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
 
@@ -77,16 +82,55 @@ _QUEUED, _BATCHED, _DROPPED = 0, 1, 2
 
 
 class _Row:
-    __slots__ = ("caller", "index", "ids", "types", "length", "since", "state")
+    __slots__ = ("caller", "index", "ids", "types", "length", "since", "seq", "state")
 
-    def __init__(self, caller: _Caller, index: int, ids: np.ndarray, types: np.ndarray | None, since: float) -> None:
+    def __init__(self, caller: _Caller, index: int, ids: np.ndarray, types: np.ndarray | None, since: float,
+                 seq: int) -> None:
         self.caller = caller
         self.index = index
         self.ids = ids
         self.types = types
         self.length = len(ids)
         self.since = since
+        self.seq = seq  # arrival order
         self.state = _QUEUED
+
+
+class _WidthQueues:
+    """The padded layout's queue: rows by the width a batch pads them to, each width in arrival order,
+    and the widths that have rows, sorted (rows given up on stay until a batch reaches them)."""
+
+    def __init__(self, shapes: Shapes) -> None:
+        self.shapes = shapes
+        self.rows: dict[int, deque[_Row]] = {}
+        self.widths: list[int] = []
+
+    def width(self, row: _Row) -> int:
+        return self.shapes.width(row.length)
+
+    def _queue(self, width: int) -> deque[_Row]:
+        queue = self.rows.get(width)
+        if queue is None:
+            queue = self.rows[width] = deque()
+            bisect.insort(self.widths, width)
+        return queue
+
+    def append(self, row: _Row) -> None:
+        self._queue(self.width(row)).append(row)
+
+    def put_back(self, row: _Row) -> None:
+        """Return a row taken from the front of its queue to the front."""
+        self._queue(self.width(row)).appendleft(row)
+
+    def prune(self) -> None:
+        """Forget the widths whose queues are empty."""
+        for width in [w for w in self.widths if not self.rows[w]]:
+            del self.rows[width]
+            self.widths.remove(width)
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.widths.clear()
 
 
 class _Caller:
@@ -131,7 +175,9 @@ class BatchScheduler:
         self.policy = policy
         self._run_batch = run_batch
         self._metrics = metrics
-        self._queue: deque[_Row] = deque()  # arrival order; dropped rows are skipped when reached
+        self._queue: deque[_Row] = deque()  # arrival order; rows batched or given up on are skipped when reached
+        self._by_width = _WidthQueues(policy.shapes)  # padded layout: the same rows by padded width
+        self._seq = itertools.count()
         self._queued = 0  # rows in the queue that are still wanted
         self._in_flight = 0
         self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s, call_units=policy.max_tokens,
@@ -156,9 +202,12 @@ class BatchScheduler:
         caller.trace = tracing.queued(self.name, len(encoded), future)
         now = time.perf_counter()
         types = encoded.type_ids
-        caller.rows = [_Row(caller, i, ids, types[i] if types is not None else None, now)
+        caller.rows = [_Row(caller, i, ids, types[i] if types is not None else None, now, next(self._seq))
                        for i, ids in enumerate(encoded.ids)]
         self._queue.extend(caller.rows)
+        if self.policy.layout == "padded":
+            for row in caller.rows:
+                self._by_width.append(row)
         self._queued += len(caller.rows)
         self._metrics.queued(len(caller.rows))
         self._dispatch()
@@ -209,7 +258,7 @@ class BatchScheduler:
         if row.state != _QUEUED or future.done():
             return True
         if row.caller.deadline < latest:
-            future.set_exception(GatewayError(ErrorKind.TIMEOUT, "the request would not be answered before its deadline"))
+            future.set_exception(GatewayError(ErrorType.TIMEOUT, "the request would not be answered before its deadline"))
             return True
         return False
 
@@ -231,21 +280,49 @@ class BatchScheduler:
         return batch
 
     def _take_planned(self) -> tuple[list[_Row], int]:
-        """Padded layout: the length plan of the live rows, and the batch that holds the oldest row."""
+        """Padded layout: the batch around the oldest live row, and the row count it runs with."""
         latest = time.monotonic() + self.backlog.call_latency_s
-        queue = [row for row in self._queue if not self._late(row, latest)]
+        queue = self._queue
+        while queue and self._late(queue[0], latest):
+            queue.popleft()
         if not queue:
-            self._queue.clear()
+            self._by_width.clear()  # what is left there was given up on
             return [], 0
+        p, by_width = self.policy, self._by_width
+        start = bisect.bisect_left(by_width.widths, by_width.width(queue[0]))
+        batch: list[_Row] = []
+        width = alone = 0
+        for widths in (by_width.widths[start:], reversed(by_width.widths[:start])):  # its width and wider, narrower
+            for w in widths:
+                width, alone, room = self._fill(batch, by_width.rows[w], w, width, alone, latest)
+                if not room:
+                    break
+        by_width.prune()
+        take, rows = p.shapes.fit_rows(len(batch))
+        if take < len(batch):
+            # A declared row count: the rows added first go (the oldest live row leads, and each prefix of the
+            # batch passed the limits as it grew); the others wait where they were.
+            for row in reversed(batch[take:]):
+                by_width.put_back(row)
+            del batch[take:]
+        return batch, rows
+
+    def _fill(self, batch: list[_Row], queue: deque[_Row], w: int, width: int, alone: int,
+              latest: float) -> tuple[int, int, bool]:
+        """Move rows of width `w` (oldest first) into `batch` (padded to `width` so far) while it stays within
+        contract/batching.py's limits: (its width now, the tokens its rows take alone, whether all fitted)."""
         p = self.policy
-        plan = plan_batches([row.length for row in queue], p.shapes, max_rows=p.max_rows, max_tokens=p.max_tokens,
-                            call_cost_tokens=p.call_cost_tokens)
-        members = next(indices for indices, _ in plan if 0 in indices) if len(plan) > 1 else plan[0][0]
-        take, rows = p.shapes.fit_rows(len(members))
-        members = sorted(members)[:take]  # a declared row count: the oldest rows go, the others wait
-        chosen = set(members)
-        self._queue = deque(row for i, row in enumerate(queue) if i not in chosen)
-        return [queue[i] for i in members], rows
+        while queue:
+            row = queue[0]
+            if self._late(row, latest):
+                queue.popleft()
+                continue
+            if batch and not within_limits(len(batch) + 1, max(width, w), alone + w, max_rows=p.max_rows,
+                                           max_tokens=p.max_tokens, call_cost_tokens=p.call_cost_tokens):
+                return width, alone, False
+            batch.append(queue.popleft())
+            width, alone = max(width, w), alone + w
+        return width, alone, True
 
     def _padded(self, batch: list[_Row], rows: int) -> dict[str, np.ndarray]:
         """input_ids, attention_mask, token_type_ids [rows, width] of a batch, in a declared shape: dummy
@@ -305,7 +382,7 @@ class BatchScheduler:
         except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about any failure
             if not isinstance(exc, GatewayError):
                 log.exception("batch of %s failed", self.name)
-                exc = GatewayError(ErrorKind.INTERNAL, "internal error while running a batch")
+                exc = GatewayError(ErrorType.INTERNAL_ERROR, "internal error while running a batch")
             for row in batch:
                 if not row.caller.future.done():
                     row.caller.future.set_exception(exc)
@@ -337,7 +414,8 @@ class BatchScheduler:
         self.backlog.shedding = False  # a scheduler that is gone refuses nothing
         for row in list(self._queue):
             if row.state == _QUEUED and not row.caller.future.done():
-                row.caller.future.set_exception(unavailable("gateway is shutting down", type="shutting_down"))
+                row.caller.future.set_exception(unavailable("gateway is shutting down", type=ErrorType.SHUTTING_DOWN))
         self._queue.clear()
+        self._by_width.clear()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from contract import TOKEN_WEIGHTS
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorType, GatewayError
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
 
@@ -38,9 +38,8 @@ def check_sparse(model: ServedModel) -> SparseKind:
     """The model's sparse kind; 424 (TEI's answer) when it has no sparse output."""
     kind = sparse_kind(model)
     if kind is None:
-        raise GatewayError(ErrorKind.UNSUPPORTED_OUTPUT, f"model {model.name!r} has no sparse output: /embed_sparse "
-                           "serves SPLADE models (--task sparse-embed) and embedders with bge-m3's sparse_linear.pt",
-                           type="sparse_not_supported")
+        raise GatewayError(ErrorType.SPARSE_NOT_SUPPORTED, f"model {model.name!r} has no sparse output: /embed_sparse "
+                           "serves SPLADE models (--task sparse-embed) and embedders with bge-m3's sparse_linear.pt")
     return kind
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tokenizers import Tokenizer
 
@@ -53,6 +55,18 @@ def load_encoder(repository: str, model: ServedModel) -> TextEncoder:
     return TextEncoder(Tokenizer.from_str(data.decode("utf-8")), model.max_seq_len)
 
 
+T = TypeVar("T")
+
+
+class _Call:
+    """Other work on the tokenizer (/tokenize, /decode), run in its turn."""
+
+    __slots__ = ("work", "future")
+
+    def __init__(self, work: Callable[[], Any], future: asyncio.Future[Any]) -> None:
+        self.work, self.future = work, future
+
+
 class _Job:
     __slots__ = ("texts", "pairs", "direction", "future")
 
@@ -70,14 +84,15 @@ class TokenizerQueue:
     together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and
     runs on several cores), while the next requests gather behind it. A small request that finds
     the tokenizer idle is encoded inline: at low load that is quicker than a thread hop. A very long
-    request is encoded in a thread of its own, so that the short ones never wait behind it."""
+    request is encoded in a thread of its own, so that the short ones never wait behind it. Other work
+    on the tokenizer (`call`: /tokenize, /decode) follows the same rule."""
 
     SOLO_CHARS = 32_768
 
     def __init__(self, encoder: TextEncoder, inline_chars: int) -> None:
         self.encoder = encoder
         self.inline_chars = inline_chars
-        self._waiting: list[_Job] = []
+        self._waiting: list[_Job | _Call] = []
         self._busy = False
 
     async def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right") -> EncodedTexts:
@@ -93,6 +108,19 @@ class TokenizerQueue:
             self._next()
         return await future
 
+    async def call(self, work: Callable[[], T], chars: int) -> T:
+        """`work()` (a call of the tokenizer over `chars` characters or ids) off the event loop, as `encode` runs:
+        inline when small and the tokenizer is idle, in a thread of its own when very large, else in turn."""
+        if chars > self.SOLO_CHARS:
+            return await asyncio.to_thread(work)
+        if not self._busy and not self._waiting and chars <= self.inline_chars:
+            return work()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Call(work, future))
+        if not self._busy:
+            self._next()
+        return await future
+
     def _next(self) -> None:
         jobs, self._waiting = self._waiting, []
         self._busy = True
@@ -102,9 +130,13 @@ class TokenizerQueue:
         try:
             groups: dict[tuple[bool, str], list[_Job]] = {}
             for job in jobs:  # one encode_batch per kind: texts or pairs, truncation direction
-                groups.setdefault(job.kind, []).append(job)
+                if isinstance(job, _Job):
+                    groups.setdefault(job.kind, []).append(job)
             for group in groups.values():
                 await self._encode_group(group)
+            for call in jobs:
+                if isinstance(call, _Call):
+                    await self._call(call)
         except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
             for job in jobs:
                 if not job.future.done():
@@ -113,6 +145,17 @@ class TokenizerQueue:
             self._busy = False
             if self._waiting:
                 self._next()
+
+    @staticmethod
+    async def _call(call: _Call) -> None:
+        try:
+            result = await asyncio.to_thread(call.work)
+        except Exception as exc:  # noqa: BLE001 - its caller hears about it
+            if not call.future.done():
+                call.future.set_exception(exc)
+            return
+        if not call.future.done():
+            call.future.set_result(result)
 
     async def _encode_group(self, jobs: list[_Job]) -> None:
         texts = [t for job in jobs for t in job.texts]

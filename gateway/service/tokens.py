@@ -5,20 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from contract.tokenization import TextEncoder, clean_text
-from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.service.inference import Inference
 from gateway.service.registry import ServedModel
+from gateway.service.tokenization import TokenizerQueue
 
 
-def encoder_of(inference: Inference, model: ServedModel) -> TextEncoder:
+def tokenizer_of(inference: Inference, model: ServedModel) -> TokenizerQueue:
     """The model's tokenizer as the gateway runs it; 501 when the gateway cannot read it."""
-    encoder = inference.encoder_for(model)
-    if encoder is None:
-        raise GatewayError(
-            ErrorKind.NOT_IMPLEMENTED,
-            f"the gateway cannot read the tokenizer of {model.name!r} (set GATEWAY_REPOSITORY to the model "
-            "repository Triton serves)", type="tokenizer_unavailable")
-    return encoder
+    tokenizer = inference.tokenizer_for(model)
+    if tokenizer is None:
+        raise GatewayError(ErrorType.TOKENIZER_UNAVAILABLE, f"the gateway cannot read the tokenizer of {model.name!r} "
+                           "(set GATEWAY_REPOSITORY to the model repository Triton serves)")
+    return tokenizer
 
 
 def check_token_ids(encoder: TextEncoder, rows: list[list[int]]) -> None:
@@ -28,11 +27,16 @@ def check_token_ids(encoder: TextEncoder, rows: list[list[int]]) -> None:
         bad = next((t for t in row if not 0 <= t < size), None)
         if bad is not None:
             raise invalid(f"input {i} has token id {bad}, outside this model's vocabulary (0..{size - 1})",
-                          type="invalid_token_id")
+                          type=ErrorType.INVALID_TOKEN_ID)
 
 
-def tokenize(encoder: TextEncoder, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
-    """Every token of every text, untruncated: id, text, special flag and character offsets in the input."""
+async def tokenize(tokenizer: TokenizerQueue, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    """Every token of every text, untruncated: id, text, special flag and character offsets in the input
+    (on the model's tokenizer pool: off the event loop unless small)."""
+    return await tokenizer.call(lambda: _tokens(tokenizer.encoder, texts, add_special_tokens), sum(map(len, texts)))
+
+
+def _tokens(encoder: TextEncoder, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
     cleaned = [clean_text(t) for t in texts]
     encodings = encoder.tokenizer.encode_batch(cleaned, add_special_tokens=add_special_tokens)
     result = []
@@ -50,7 +54,11 @@ def tokenize(encoder: TextEncoder, texts: list[str], add_special_tokens: bool) -
     return result
 
 
-def decode(encoder: TextEncoder, rows: list[list[int]], skip_special_tokens: bool) -> list[str]:
-    """The text of every row of token ids."""
-    check_token_ids(encoder, rows)
-    return list(encoder.tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens))
+async def decode(tokenizer: TokenizerQueue, rows: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    """The text of every row of token ids (on the model's tokenizer pool: off the event loop unless small)."""
+
+    def work() -> list[str]:
+        check_token_ids(tokenizer.encoder, rows)
+        return list(tokenizer.encoder.tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens))
+
+    return await tokenizer.call(work, sum(map(len, rows)))

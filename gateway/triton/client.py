@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 
 from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TRUNCATION_PARAMETER
 from gateway import tracing
-from gateway.errors import ErrorKind, GatewayError, unavailable
+from gateway.errors import ErrorKind, ErrorType, GatewayError, unavailable
 from gateway.metrics import SHM_RETIRED, TRITON_LATENCY
 from gateway.settings import GatewaySettings
 from gateway.triton.shm_pool import (
@@ -68,6 +68,45 @@ class Output:
         return (rows, tokens) if self.width == 0 else (rows, tokens, self.width)
 
 
+@dataclass(frozen=True)
+class Tensor:
+    """An input of a call: int32 token tensors, or texts (a BYTES [n, 1] tensor)."""
+
+    name: str
+    data: np.ndarray | list[bytes]
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.data.shape) if isinstance(self.data, np.ndarray) else [len(self.data), 1]
+
+    @property
+    def datatype(self) -> str:
+        return "INT32" if isinstance(self.data, np.ndarray) else "BYTES"
+
+    def array(self) -> np.ndarray:
+        """The tensor as gRPC sends it."""
+        if isinstance(self.data, np.ndarray):
+            return self.data
+        return np.array(self.data, dtype=np.object_).reshape(len(self.data), 1)
+
+    def payload(self) -> bytes | np.ndarray:
+        """The tensor as a shared-memory slot holds it (Triton's BYTES serialization for texts)."""
+        return self.data if isinstance(self.data, np.ndarray) else serialize_texts(self.data)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """An output a call asks for, and the shape and dtype it must come back in."""
+
+    name: str
+    dtype: type
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
 _MAX_MESSAGE = 2**31 - 1
 # Reconnect quickly after a Triton restart (gRPC's default backoff grows to 120 s).
 CHANNEL_ARGS = [
@@ -83,41 +122,48 @@ CLOSE_DRAIN_S = 0.2
 _RETIRE_POLL_S = (0.02, 1.0)  # first and longest wait between two unregister attempts of a retired region
 
 
+def _status(exc: InferenceServerException) -> str:
+    """The gRPC status code name of a failure ("NOT_FOUND", ...); "" for one tritonclient raised itself."""
+    return str(exc.status() or "").removeprefix("StatusCode.")
+
+
 def translate_error(exc: InferenceServerException) -> GatewayError:
-    """Map a Triton/gRPC failure to a gateway error kind."""
-    status = str(exc.status() or "")
-    message = exc.message() or str(exc)
+    """Map a Triton/gRPC failure to a gateway error: by its gRPC status code first, by Triton's message only
+    where one code covers several cases (the messages are pinned in tests/gateway/test_triton_errors.py)."""
+    status, message = _status(exc), exc.message() or str(exc)
     lower = message.lower()
-    if "DEADLINE_EXCEEDED" in status or "deadline exceeded" in lower:
-        return GatewayError(ErrorKind.TIMEOUT, "Triton did not answer within the deadline")
-    if "exceeds maximum queue size" in lower:
-        return GatewayError(ErrorKind.OVERLOADED, "the model's queue is full", type="overloaded", retry_after_s=1)
-    if "timeout expired" in lower:  # Triton's queue policy: the request waited past its timeout
-        return GatewayError(ErrorKind.TIMEOUT, "the request expired in Triton's queue")
-    if "UNAVAILABLE" in status or "failed to connect" in lower:
+    if status == "DEADLINE_EXCEEDED":
+        return GatewayError(ErrorType.TIMEOUT, "Triton did not answer within the deadline")
+    if status == "CANCELLED":
+        return GatewayError(ErrorType.TIMEOUT, "the Triton call was cancelled")
+    if status == "UNAVAILABLE":  # Triton unreachable or stopping, or a model's queue refusing work
+        if "exceeds maximum queue size" in lower:  # an opt-in queue policy (max_queue_size)
+            return GatewayError(ErrorType.OVERLOADED, "the model's queue is full", retry_after_s=1)
+        if "timeout expired" in lower:  # an opt-in queue policy: the request waited past its `timeout`
+            return GatewayError(ErrorType.TIMEOUT, "the request expired in Triton's queue")
         return unavailable("Triton is unavailable")
-    if "unknown model" in lower or "not ready" in lower or "not found" in lower and "model" in lower:
-        return unavailable(f"model not available in Triton: {message}", type="model_unavailable")
-    if "CANCELLED" in status:
-        return GatewayError(ErrorKind.TIMEOUT, "the Triton call was cancelled")
-    return GatewayError(ErrorKind.UPSTREAM, f"Triton error: {message}", type="triton_error")
+    if status == "NOT_FOUND" and not _shm_missing(exc):  # unknown, unloaded or still loading
+        return unavailable(f"model not available in Triton: {message}", type=ErrorType.MODEL_UNAVAILABLE)
+    return GatewayError(ErrorType.TRITON_ERROR, f"Triton error: {message}")
 
 
 def _shm_missing(exc: InferenceServerException) -> bool:
-    return "shared memory region" in (exc.message() or "").lower()
+    """A call named a region Triton does not know (it restarted and lost the registrations)."""
+    return _status(exc) == "NOT_FOUND" and "shared memory region" in (exc.message() or "").lower()
 
 
 def _in_use(exc: InferenceServerException) -> bool:
-    return "in use" in (exc.message() or "").lower()
+    """Triton refused to unregister a region a request still holds."""
+    return _status(exc) == "INTERNAL" and "currently in use" in (exc.message() or "").lower()
 
 
-def _repository_error(exc: InferenceServerException, model: str, action: str) -> GatewayError:
+def _repository_error(exc: InferenceServerException, model: str, action: Literal["load", "unload"]) -> GatewayError:
     """A failed load or unload: Triton unreachable, or Triton's reason (e.g. a model that does not load)."""
     error = translate_error(exc)
-    if error.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT) and error.type != "model_unavailable":
+    if error.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT) and error.type is not ErrorType.MODEL_UNAVAILABLE:
         return error
-    return GatewayError(ErrorKind.UPSTREAM, f"Triton could not {action} {model}: {exc.message() or exc}",
-                        type=f"{action}_failed")
+    failed = ErrorType.LOAD_FAILED if action == "load" else ErrorType.UNLOAD_FAILED
+    return GatewayError(failed, f"Triton could not {action} {model}: {exc.message() or exc}")
 
 
 @dataclass(frozen=True, order=True)
@@ -132,9 +178,7 @@ class IndexEntry:
 
 
 def _contract_mismatch(model: str, detail: str) -> GatewayError:
-    return GatewayError(
-        ErrorKind.UPSTREAM, f"{model} answered outside the repository contract: {detail}", type="contract_mismatch"
-    )
+    return GatewayError(ErrorType.CONTRACT_MISMATCH, f"{model} answered outside the repository contract: {detail}")
 
 
 class TritonClient:
@@ -202,7 +246,7 @@ class TritonClient:
                 return (await self.grpc.get_model_config(name, client_timeout=self.timeout)).config
             except InferenceServerException as exc:
                 error = translate_error(exc)
-                if error.type == "model_unavailable":
+                if error.type is ErrorType.MODEL_UNAVAILABLE:
                     return None
                 raise error from None
 
@@ -333,7 +377,7 @@ class TritonClient:
         """gRPC deadline (s) and Triton request timeout (us) of a call that must end by `deadline`."""
         remaining = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
         if remaining <= 0:
-            raise GatewayError(ErrorKind.TIMEOUT, "the request's deadline passed before Triton was called")
+            raise GatewayError(ErrorType.TIMEOUT, "the request's deadline passed before Triton was called")
         return remaining, max(1, int(remaining * 1e6))
 
     # --- inference --------------------------------------------------------------------
@@ -343,55 +387,13 @@ class TritonClient:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Run one chunk (<= max batch) of texts, or of pairs (texts[i], pairs[i]), through an ensemble:
         (outputs [n, width] fp32, num_tokens [n]). `direction`: which end an over-long input loses."""
-        return await self._with_reregister(
-            lambda: self._ensemble_once(ensemble, texts, pairs, direction, output, deadline))
-
-    async def _ensemble_once(
-        self, ensemble: str, texts: list[bytes], pairs: list[bytes] | None, direction: str, output: Output,
-        deadline: float | None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        n, width, out_name = len(texts), output.width, output.name
-        client_timeout, timeout_us = self._timeouts(deadline)
-        inputs = [grpcclient.InferInput(TEXT, [n, 1], "BYTES")]
-        strings = [texts]
-        if pairs is not None:
-            inputs.append(grpcclient.InferInput(TEXT_PAIR, [n, 1], "BYTES"))
-            strings.append(pairs)
+        n = len(texts)
+        inputs = [Tensor(TEXT, texts)] + ([Tensor(TEXT_PAIR, pairs)] if pairs is not None else [])
+        outputs = [Wanted(output.name, np.float32, (n, output.width)), Wanted(NUM_TOKENS, np.int32, (n,))]
         # Triton forwards an ensemble's request parameters to its steps: the tokenizer reads this one
         parameters = {TRUNCATION_PARAMETER: direction} if direction != "right" else None
-        outputs = [grpcclient.InferRequestedOutput(out_name), grpcclient.InferRequestedOutput(NUM_TOKENS)]
-        pool = self.pools.get(ensemble)
-        start = time.perf_counter()
-        fits = pool is not None and pool.layout.fits({out_name: n * width * 4, NUM_TOKENS: n * 4})
-        async with pool.lease() if pool is not None and fits else nullcontext() as region:
-            if region is None:  # no shm (GATEWAY_SHM=none) or every region busy: plain gRPC tensors
-                for inp, values in zip(inputs, strings):
-                    inp.set_data_from_numpy(np.array(values, dtype=np.object_).reshape(n, 1))
-                with tracing.triton_call(ensemble, n, "grpc") as headers:
-                    result = await self.grpc.infer(
-                        ensemble, inputs, outputs=outputs, client_timeout=client_timeout, timeout=timeout_us,
-                        parameters=parameters, headers=headers,
-                    )
-                TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
-                return _as_rows(result, ensemble, out_name, n, width), _as_rows(result, ensemble, NUM_TOKENS, n, 1)[:, 0]
-            layout = region.layout
-            for inp, name, values in zip(inputs, (TEXT, TEXT_PAIR), strings):
-                payload = serialize_texts(values)
-                if layout.fits({name: len(payload)}):
-                    region.write(name, payload)
-                    inp.set_shared_memory(region.name, len(payload), layout.offset(name))
-                else:  # unusually long texts: input over gRPC, outputs still through shm
-                    inp.set_data_from_numpy(np.array(values, dtype=np.object_).reshape(n, 1))
-            outputs[0].set_shared_memory(region.name, n * width * 4, layout.offset(out_name))
-            outputs[1].set_shared_memory(region.name, n * 4, layout.offset(NUM_TOKENS))
-            with tracing.triton_call(ensemble, n, "shm") as headers:
-                result = await self.grpc.infer(
-                    ensemble, inputs, outputs=outputs, client_timeout=client_timeout, timeout=timeout_us,
-                    parameters=parameters, headers=headers,
-                )
-            TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
-            _check_shape(result, ensemble, out_name, n, width)
-            return region.read(out_name, np.float32, (n, width)), region.read(NUM_TOKENS, np.int32, (n,))
+        vectors, num_tokens = await self._call(ensemble, ensemble, inputs, outputs, output.label, deadline, parameters)
+        return vectors, num_tokens
 
     async def infer_step(
         self, step: str, tensors: dict[str, np.ndarray], shape: tuple[int, ...], output: Output,
@@ -401,42 +403,57 @@ class TritonClient:
         or packed [1, T] with cu_seqlens [1, rows + 1]; docs/contract.md); the output fp32 of `shape` ([rows,
         width_out]; a per-token output [rows, width, dim] padded, [T, dim] packed). `pool`: the shm pool to
         lease from when it is not the step's own (a per-token output has a pool of its own)."""
-        return await self._with_reregister(lambda: self._step_once(step, tensors, shape, output, deadline, pool or step))
+        inputs = [Tensor(name, tensor) for name, tensor in tensors.items()]
+        (result,) = await self._call(step, pool or step, inputs, [Wanted(output.name, np.float32, shape)],
+                                     output.label, deadline)
+        return result
 
-    async def _step_once(
-        self, step: str, tensors: dict[str, np.ndarray], shape: tuple[int, ...], output: Output,
-        deadline: float | None, pool_name: str,
-    ) -> np.ndarray:
+    async def _call(
+        self, model: str, pool_name: str, inputs: list[Tensor], outputs: list[Wanted], label: str,
+        deadline: float | None, parameters: dict[str, str] | None = None,
+    ) -> list[np.ndarray]:
+        """One inference through a leased shm region of `pool_name` when one is free and every output fits its
+        slot, else over plain gRPC; after a Triton restart, registered again and retried once."""
+
+        async def once() -> list[np.ndarray]:
+            pool = self.pools.get(pool_name)
+            fits = pool is not None and pool.layout.fits({o.name: o.nbytes for o in outputs})
+            async with pool.lease() if pool is not None and fits else nullcontext() as region:
+                return await self._infer(model, inputs, outputs, region, label, deadline, parameters)
+
+        return await self._with_reregister(once)
+
+    async def _infer(
+        self, model: str, inputs: list[Tensor], outputs: list[Wanted], transport: Region | None, label: str,
+        deadline: float | None, parameters: dict[str, str] | None,
+    ) -> list[np.ndarray]:
+        """The one inference call: inputs written into `transport`'s slots (an input too large for its slot, or
+        no region at all, goes as a gRPC tensor), outputs read from them (or from the answer), each checked
+        against its expected shape; the call's span and latency metric, by transport."""
         client_timeout, timeout_us = self._timeouts(deadline)
-        inputs = {name: grpcclient.InferInput(name, list(tensor.shape), "INT32") for name, tensor in tensors.items()}
-        requested = grpcclient.InferRequestedOutput(output.name)
-        pool = self.pools.get(pool_name)
         start = time.perf_counter()
-        out_bytes = int(np.prod(shape)) * 4
-        sizes = {name: tensor.nbytes for name, tensor in tensors.items()}
-        fits = pool is not None and pool.layout.fits({**sizes, output.name: out_bytes})
-        async with pool.lease() if pool is not None and fits else nullcontext() as region:
-            if region is None:
-                for name, tensor in tensors.items():
-                    inputs[name].set_data_from_numpy(tensor)
-                with tracing.triton_call(step, shape[0], "grpc") as headers:
-                    result = await self.grpc.infer(
-                        step, list(inputs.values()), outputs=[requested], client_timeout=client_timeout,
-                        timeout=timeout_us, headers=headers,
-                    )
-                TRITON_LATENCY.labels(output.label, "grpc").observe(time.perf_counter() - start)
-                return _as_shape(result, step, output.name, shape)
-            for name, tensor in tensors.items():
-                inputs[name].set_shared_memory(region.name, region.write(name, tensor), region.layout.offset(name))
-            requested.set_shared_memory(region.name, out_bytes, region.layout.offset(output.name))
-            with tracing.triton_call(step, shape[0], "shm") as headers:
-                result = await self.grpc.infer(
-                    step, list(inputs.values()), outputs=[requested], client_timeout=client_timeout,
-                    timeout=timeout_us, headers=headers,
-                )
-            TRITON_LATENCY.labels(output.label, "shm").observe(time.perf_counter() - start)
-            _check_full_shape(result, step, output.name, shape)
-            return region.read(output.name, np.float32, shape)
+        infer_inputs = []
+        for tensor in inputs:
+            infer_input = grpcclient.InferInput(tensor.name, tensor.shape, tensor.datatype)
+            infer_inputs.append(infer_input)
+            if transport is not None:
+                payload = tensor.payload()
+                size = payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
+                if transport.layout.fits({tensor.name: size}):
+                    transport.write(tensor.name, payload)
+                    infer_input.set_shared_memory(transport.name, size, transport.layout.offset(tensor.name))
+                    continue
+            infer_input.set_data_from_numpy(tensor.array())
+        requested = [grpcclient.InferRequestedOutput(o.name) for o in outputs]
+        if transport is not None:
+            for want, out in zip(outputs, requested):
+                out.set_shared_memory(transport.name, want.nbytes, transport.layout.offset(want.name))
+        via = "grpc" if transport is None else "shm"
+        with tracing.triton_call(model, outputs[0].shape[0], via) as headers:
+            result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
+                                           timeout=timeout_us, parameters=parameters, headers=headers)
+        TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
+        return [_output(result, model, want, transport) for want in outputs]
 
     # --- shutdown ---------------------------------------------------------------------
     async def close(self) -> None:
@@ -458,41 +475,20 @@ class TritonClient:
         await asyncio.sleep(CLOSE_DRAIN_S)
 
 
-def _as_rows(result: grpcclient.InferResult, model: str, name: str, rows: int, width: int) -> np.ndarray:
-    """Output `name` as [rows, width], or a contract-mismatch error when Triton sent something else."""
-    array = result.as_numpy(name)
-    if array is None:
-        raise _contract_mismatch(model, f"no output {name!r}")
-    if array.size != rows * width:
-        raise _contract_mismatch(model, f"output {name!r} has shape {list(array.shape)}, expected [{rows}, {width}]")
-    return array.reshape(rows, width)
-
-
-def _as_shape(result: grpcclient.InferResult, model: str, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Output `name` as `shape`, or a contract-mismatch error when Triton sent another shape."""
-    array = result.as_numpy(name)
-    if array is None:
-        raise _contract_mismatch(model, f"no output {name!r}")
-    if tuple(array.shape) != shape:
-        raise _contract_mismatch(model, f"output {name!r} has shape {list(array.shape)}, expected {list(shape)}")
-    return array
-
-
-def _check_full_shape(result: grpcclient.InferResult, model: str, name: str, shape: tuple[int, ...]) -> None:
-    """An output written into shared memory must have exactly the expected shape (2-D ones: the older rule)."""
-    if len(shape) == 2:
-        _check_shape(result, model, name, shape[0], shape[1])
-        return
-    meta = result.get_output(name)
-    got = tuple(meta.shape) if meta is not None else None
-    if got != shape:
-        raise _contract_mismatch(model, f"output {name!r} has shape {list(got or [])}, expected {list(shape)}")
-
-
-def _check_shape(result: grpcclient.InferResult, model: str, name: str, rows: int, width: int) -> None:
-    """An output Triton wrote into shared memory must have the shape the registry expects: its bytes
-    alone cannot tell a narrower output from a right one."""
-    meta = result.get_output(name)
-    shape = list(meta.shape) if meta is not None else None
-    if shape is None or int(np.prod(shape)) != rows * width or (len(shape) == 2 and shape[1] != width):
-        raise _contract_mismatch(model, f"output {name!r} has shape {shape}, expected [{rows}, {width}]")
+def _output(result: grpcclient.InferResult, model: str, want: Wanted, region: Region | None) -> np.ndarray:
+    """Output `want` of a call, from the answer or the region it was written into, or a contract-mismatch
+    error when Triton's shape disagrees: in shared memory the bytes alone cannot tell a narrower output
+    from a right one. Shapes agree when they do but for sizes of 1 (Triton's [n, 1] is a [n] column)."""
+    if region is None:
+        array = result.as_numpy(want.name)
+        shape = list(array.shape) if array is not None else None
+    else:
+        meta = result.get_output(want.name)
+        shape = list(meta.shape) if meta is not None else None
+    if shape is None:
+        raise _contract_mismatch(model, f"no output {want.name!r}")
+    if [d for d in shape if d != 1] != [d for d in want.shape if d != 1]:
+        raise _contract_mismatch(model, f"output {want.name!r} has shape {shape}, expected {list(want.shape)}")
+    if region is None:
+        return array.reshape(want.shape)  # type: ignore[union-attr]
+    return region.read(want.name, want.dtype, want.shape)

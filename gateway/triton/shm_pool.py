@@ -7,12 +7,18 @@ and no (un)registration on the hot path: the gateway writes the inputs at their 
 writes the outputs at theirs, the gateway copies them out and returns the region to the pool.
 
 Two kinds of region, one pool (`GATEWAY_SHM`):
-- `system` (`SystemRegion`): POSIX shm objects `/dev/shm/<prefix>_<pid>_<n>`
-  (tritonclient.utils.shared_memory); the pid keeps several workers apart.
+- `system` (`SystemRegion`): POSIX shm objects `/dev/shm/<prefix>_<pid>_<n>`, made and unlinked by
+  tritonclient.utils.shared_memory; the pid keeps several workers apart. The gateway reads and writes
+  them through a mapping of its own (the standard library's `SharedMemory` attached by name):
+  tritonclient's public `set_shared_memory_region(..., offset)` builds a view per tensor, 3 us more per
+  step call than a slice assignment, and its handle's buffer is private.
 - `cuda` (`CudaRegion`): device memory of one GPU exported as a CUDA IPC handle
   (tritonclient.utils.cuda_shared_memory), registered with Triton's cuda_shared_memory
   extension; Triton reads and writes the tensors on the GPU, the gateway copies its host arrays
-  in and out with cudaMemcpy. `probe_cuda` fails start-up when this process cannot use the GPU.
+  in and out with cudaMemcpy at each slot's offset. tritonclient's public CUDA calls copy at offset 0
+  only, so the region's device pointer is read in one place, `device_pointer`, which fails loudly
+  (and tests/gateway/test_units.py with it) if tritonclient renames it. `probe_cuda` fails start-up
+  when this process cannot use the GPU.
 `close()` unregisters the regions from Triton and frees them.
 """
 
@@ -134,11 +140,8 @@ class SystemRegion(Region):
             stale.close()
             stale.unlink()
             self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
-
-    @property
-    def buffer(self) -> memoryview:
-        """The region's memory (a live view: copy what must outlive the lease)."""
-        return self.handle._mpsm_handle.buf  # noqa: SLF001 - tritonclient exposes no public accessor
+        self._mapping = mpshm.SharedMemory(self.name)  # the same segment, mapped by this process for its copies
+        self.buffer: memoryview = self._mapping.buf  # a live view: copy what must outlive the lease
 
     def write(self, name: str, data: bytes | np.ndarray) -> int:
         raw = _host_bytes(data)
@@ -152,6 +155,7 @@ class SystemRegion(Region):
         return np.frombuffer(self.buffer, dtype, count, offset).reshape(shape).copy()
 
     def destroy(self) -> None:
+        self._mapping.close()
         shm.destroy_shared_memory_region(self.handle)
 
     async def register(self, grpc: Any, timeout: float) -> None:
@@ -191,6 +195,18 @@ def probe_cuda(device: int) -> str:
     return f"{props.name.decode(errors='replace').strip(chr(0))} (device {device})"
 
 
+def device_pointer(handle: Any) -> int:
+    """The device address of a tritonclient CUDA shared-memory region: the one read of a private attribute
+    (tritonclient's public calls copy at offset 0 only; the pool's slots sit at offsets)."""
+    try:
+        return int(handle._base_addr)  # noqa: SLF001 - see above; tests/gateway/test_units.py pins it
+    except AttributeError:
+        from importlib.metadata import version
+
+        raise ShmUnavailable(f"tritonclient {version('tritonclient')} no longer keeps a CUDA region's device "
+                             "pointer in `_base_addr`: update gateway/triton/shm_pool.py's device_pointer") from None
+
+
 class CudaRegion(Region):
     """Device memory on GPU `device`, shared with Triton through a CUDA IPC handle."""
 
@@ -200,7 +216,7 @@ class CudaRegion(Region):
         self.device = device
         self.handle = self._cudashm.create_shared_memory_region(self.name, layout.byte_size, device)
         self.raw_handle = self._cudashm.get_raw_handle(self.handle)
-        self._base = int(self.handle._base_addr)  # noqa: SLF001 - the device pointer; no public accessor
+        self._base = device_pointer(self.handle)
         _check(self._cudart, self._cudart.cudaSetDevice(device), f"cannot use GPU {device}")
 
     def _copy(self, dst: int, src: int, nbytes: int, kind: Any) -> None:

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS
-from contract.batching import PAD_RATIO_LIMIT, Shapes, default_rows, default_widths, plan_batches
+from contract.batching import PAD_RATIO_LIMIT, Shapes, default_rows, default_widths, plan_batches, within_limits
 from contract.tokenization import EncodedTexts
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorKind, ErrorType, GatewayError
 from gateway.metrics import BatchMetrics
 from gateway.service.scheduler import BatchPolicy, BatchScheduler
 from tests.fixtures.waiting import until
@@ -117,7 +117,7 @@ class StepDouble:
             raise
         if self.fail_next:
             self.fail_next = False
-            raise GatewayError(ErrorKind.UPSTREAM, "model step failed", type="triton_error")
+            raise GatewayError(ErrorType.TRITON_ERROR, "model step failed")
         if CU_SEQLENS in tensors:  # packed: rows back to back
             cu = tensors[CU_SEQLENS][0]
             assert len(cu) == rows + 1 and cu[-1] == ids.shape[1]
@@ -189,6 +189,95 @@ async def test_batches_keep_to_declared_shapes() -> None:
     step.batches.clear()
     seven = await scheduler.submit(encoded(*range(20, 27)), later())  # 7 rows: one dummy row makes 8
     assert seven[:, 1].tolist() == list(range(20, 27)) and [b.shape for b in step.batches] == [(8, 32)]
+
+
+def numbered(first: int, *lengths: int) -> EncodedTexts:
+    """Rows whose first id is their number (first, first + 1, ...) and whose other ids are 1."""
+    ids = [np.array([first + k] + [1] * (n - 1), dtype=np.int32) for k, n in enumerate(lengths)]
+    return EncodedTexts(ids, None, np.array(lengths, dtype=np.int32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    callers=st.lists(st.lists(st.integers(1, 128), min_size=1, max_size=12), min_size=1, max_size=25),
+    max_rows=st.integers(1, 16),
+    max_tokens=st.sampled_from([128, 512, 4096]),
+    declared=st.booleans(),
+    call_cost=st.sampled_from([0, 64, 1024]),
+)
+def test_padded_batches_keep_the_rule_serve_the_oldest_row_first_and_every_row_once(
+    callers: list[list[int]], max_rows: int, max_tokens: int, declared: bool, call_cost: int
+) -> None:
+    shapes = Shapes(128, default_widths(128), default_rows(max_rows)) if declared else Shapes(128)
+
+    async def scenario() -> None:
+        step, scheduler = held_scheduler(shapes=shapes, max_rows=max_rows, max_tokens=max_tokens,
+                                         call_cost_tokens=call_cost)
+        tasks, first = [], 1
+        for lengths in callers:  # the first caller's batch runs (held), the others queue behind it
+            tasks.append(asyncio.create_task(scheduler.submit(numbered(first, *lengths), later())))
+            first += len(lengths)
+            await until(lambda: len(step.batches) == 1, "the first batch in flight")
+        step.gate.set()
+        results = await asyncio.gather(*tasks)
+        for result, lengths in zip(results, callers):
+            assert result[:, 1].tolist() == lengths  # every row answered with its own length, in order
+        served: list[int] = []
+        for k, call in enumerate(step.calls):
+            ids, mask = call[INPUT_IDS], call[ATTENTION_MASK]
+            real = ids[:, 0] > 0
+            numbers, lengths = ids[real, 0].tolist(), mask[real].sum(1).tolist()
+            waiting = [n for n in range(1, first) if n not in served]
+            assert k == 0 or min(numbers) == waiting[0]  # the oldest row still queued is in the next batch
+            widths = [shapes.width(n) for n in lengths]
+            assert ids.shape[1] == shapes.width(max(lengths))  # padded only to its own longest row
+            assert within_limits(len(numbers), ids.shape[1], sum(widths), max_rows=max_rows, max_tokens=max_tokens,
+                                 call_cost_tokens=call_cost)
+            assert not declared or ids.shape[0] in shapes.rows
+            served += numbers
+        assert sorted(served) == list(range(1, first))  # each row once
+        assert scheduler.queued == 0 and scheduler.backlog.pending == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.anyio
+async def test_forming_a_padded_batch_looks_at_its_own_rows_not_the_whole_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows by width: a batch taken out of 5,000 queued rows examines about as many rows as it takes (the
+    queue's depth never counts)."""
+    widths = default_widths(512)
+    step, scheduler = held_scheduler(shapes=Shapes(512, widths, default_rows(64)), max_tokens=16384,
+                                     call_cost_tokens=1024)
+    running = asyncio.create_task(scheduler.submit(encoded(5), later()))
+    await until(lambda: len(step.batches) == 1, "the first batch in flight")
+    lengths = np.random.default_rng(7).integers(3, 512, 5000).tolist()
+    queued = [asyncio.create_task(scheduler.submit(encoded(*lengths[k:k + 50]), later())) for k in range(0, 5000, 50)]
+    await until(lambda: scheduler.queued == 5000, "5,000 rows queued")
+    looked = 0
+    batches: list[tuple[int, int, int]] = []  # (rows queued, rows taken, rows looked at) of each batch formed
+    late, next_batch = BatchScheduler._late, BatchScheduler._next_batch
+
+    def counted_late(row: object, latest: float) -> bool:
+        nonlocal looked
+        looked += 1
+        return late(row, latest)  # type: ignore[arg-type]
+
+    def counted_batch(self: BatchScheduler) -> object:
+        nonlocal looked
+        looked, depth = 0, self.queued
+        taken, rows = next_batch(self)
+        batches.append((depth, len(taken), looked))
+        return taken, rows
+
+    monkeypatch.setattr(BatchScheduler, "_late", staticmethod(counted_late))
+    monkeypatch.setattr(BatchScheduler, "_next_batch", counted_batch)
+    step.gate.set()
+    await asyncio.gather(running, *queued)
+    assert sum(taken for _, taken, _ in batches) == 5000 and all(1 <= taken <= 64 for _, taken, _ in batches)
+    depth, taken, looked = batches[0]
+    assert depth == 5000 and looked <= taken + 2 + len(widths), batches[0]
+    # a batched row is looked at once more when it reaches the front of the arrival order: twice per row in all
+    assert sum(looked for *_, looked in batches) <= 2 * 5000 + len(batches) * (2 + len(widths)), batches
 
 
 @pytest.mark.anyio

@@ -29,6 +29,8 @@ from schemathesis.specs.openapi.checks import (
 
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
+from gateway.api.errors import status_of
+from gateway.errors import ErrorType
 
 OPERATIONS = {
     "POST /classify",
@@ -75,15 +77,9 @@ NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /d
                    "POST /tei/{model}/decode", "POST /v2/rerank",
                    "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector"}
 MAX_EXAMPLES = 50  # per operation and generation mode, on top of the schema's examples and the coverage phase
-# Every error type a 4xx may carry; gateway/README.md's error table documents each.
-ERROR_TYPES_4XX = {
-    "invalid_json", "invalid_unicode", "wrong_task", "model_required", "backend_not_available",
-    "unsupported_dimensions", "authentication_error", "model_not_found", "not_found", "method_not_allowed",
-    "body_too_large", "too_many_inputs", "input_too_long", "unsupported_media_type", "validation_error",
-    "rate_limited", "pairs_required", "pairs_not_supported", "unknown_prompt", "invalid_token_id",
-    "token_input_unsupported", "prompt_with_token_input", "forbidden", "empty_input", "unsupported_option",
-    "sparse_not_supported", "output_not_available",
-}
+# Every error type a 4xx may carry: the gateway's ErrorType of a 4xx kind (gateway/README.md's error table documents
+# each: tests/gateway/test_error_types.py).
+ERROR_TYPES_4XX = {t.value for t in ErrorType if status_of(t) < 500}
 TEI_ERROR_TYPES = {"Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"}
 CONFIG = {
     "seed": 20261123,
@@ -139,6 +135,7 @@ def request_id_and_error_shape(ctx: Any, response: schemathesis.Response, case: 
         kind = body["error"]["type"]
         if response.status_code < 500:
             assert kind in ERROR_TYPES_4XX, f"undocumented error type {kind!r}"
+            assert status_of(ErrorType(kind)) == response.status_code, (kind, response.status_code)
     SEEN[(case.operation.label, response.status_code, kind)] += 1
     return True
 

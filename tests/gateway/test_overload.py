@@ -165,7 +165,7 @@ async def test_the_cost_of_a_call_is_learned_within_a_few_batched_calls(
         backlog = app.state.runtime.inference.backlog_of(model)
         per_call, per_token = backlog.service.coefficients()
         assert per_call >= 0 and per_token > 0
-        tokens = int(app.state.runtime.inference.encoder_for(model).encode(texts[32:56]).num_tokens.sum())
+        tokens = int(app.state.runtime.inference.tokenizer_for(model).encoder.encode(texts[32:56]).num_tokens.sum())
         started = time.perf_counter()
         assert (await client.post("/embed", json=embed_body(texts[32:56]))).status_code == 200
         measured = time.perf_counter() - started

@@ -6,6 +6,7 @@ side, /tokenize and /decode, token-array input, models.retrieve and the deep rea
 from __future__ import annotations
 
 import base64
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,26 @@ async def test_openai_client_float_base64_dimensions_input_type_and_retrieve(
         await http.aclose()
 
 
+class ThreadRecorder:
+    """Stands in for an encoder's `tokenizers.Tokenizer` and records, for each call of it, whether it ran on
+    the thread that made the recorder (the event loop's)."""
+
+    def __init__(self, encoder: Any) -> None:
+        self.tokenizer, self.seen, self.home = encoder.tokenizer, [], threading.get_ident()
+        encoder.tokenizer = self
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.tokenizer, name)
+        if name not in ("encode_batch", "decode_batch"):
+            return attribute
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.seen.append(threading.get_ident() == self.home)
+            return attribute(*args, **kwargs)
+
+        return recorded
+
+
 # --- tokenize, decode, token arrays -------------------------------------------------------------
 async def test_tokenize_decode_and_token_array_input(
     server: TritonServer, repository: Path, models: dict[str, Path]
@@ -292,6 +313,16 @@ async def test_tokenize_decode_and_token_array_input(
         assert bad.status_code == 422
         needs_model = await client.post("/tokenize", json={"inputs": "x"})
         assert needs_model.status_code == 400 and needs_model.json()["error"]["type"] == "model_required"
+    async with gateway(server, repository, tokenize_inline_chars=64) as (app, client):
+        # a large /tokenize or /decode runs on the model's tokenizer pool, off the event loop; a small one inline
+        encoder = app.state.runtime.inference.tokenizer_for(app.state.runtime.registry.models["st"]).encoder
+        threads = ThreadRecorder(encoder)
+        long_text = "Hello world, 안녕하세요 " * 40
+        for path, body in (("/tokenize", {"model": "st", "inputs": [long_text, "a"]}),
+                           ("/decode", {"model": "st", "ids": [hf(long_text)["input_ids"]]}),
+                           ("/tokenize", {"model": "st", "inputs": "a"})):
+            assert (await client.post(path, json=body)).status_code == 200, path
+        assert threads.seen == [False, False, True], threads.seen  # (on the event loop's thread)
     async with gateway(server, repository, "ensemble") as (_, client):
         refused = await client.post("/v1/embeddings", json={"model": "st", "input": [ids]})
         assert refused.status_code == 400 and refused.json()["error"]["type"] == "token_input_unsupported"

@@ -123,6 +123,38 @@ def test_stale_segment_of_a_crashed_gateway_is_replaced() -> None:
     assert shm_segments(prefix) == []
 
 
+def test_system_region_is_the_memory_tritonclient_made() -> None:
+    """The region's own mapping and tritonclient's public shm calls (with offsets) see the same bytes."""
+    import tritonclient.utils.shared_memory as tshm
+
+    layout = RegionLayout.of({"input_ids": 24, "embeddings": 32})
+    region = region_maker("system", "gwunitmap")(layout)
+    try:
+        ids = np.arange(6, dtype=np.int32).reshape(2, 3)
+        region.write("input_ids", ids)
+        seen = tshm.get_contents_as_numpy(region.handle, np.int32, (2, 3), offset=layout.offset("input_ids"))
+        np.testing.assert_array_equal(seen, ids)
+        vectors = np.linspace(0, 1, 8, dtype=np.float32).reshape(2, 4)
+        tshm.set_shared_memory_region(region.handle, [vectors], offset=layout.offset("embeddings"))
+        np.testing.assert_array_equal(region.read("embeddings", np.float32, (2, 4)), vectors)
+    finally:
+        region.destroy()
+    assert shm_segments("gwunitmap") == []
+
+
+def test_cuda_device_pointer_comes_from_tritonclients_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one read of a tritonclient private attribute (a CUDA region's device pointer): fails here, loudly,
+    when an upgrade of tritonclient renames it, not on a GPU host at start-up."""
+    cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory")
+    from gateway.triton.shm_pool import ShmUnavailable, device_pointer
+
+    monkeypatch.setattr(cudashm.CudaSharedMemoryRegion, "__del__", lambda self: None)  # nothing was allocated
+    handle = cudashm.CudaSharedMemoryRegion("gwunit", None, 0x7F00_0000_1000, 4096, 0)
+    assert device_pointer(handle) == 0x7F00_0000_1000
+    with pytest.raises(ShmUnavailable, match="no longer keeps a CUDA region's device pointer"):
+        device_pointer(object())
+
+
 def test_env_example_lists_every_setting_with_its_default() -> None:
     import re
 
