@@ -142,7 +142,7 @@ def builder_variants(folder: Path, work: Path, device: str = "gpu") -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m loadtest.experiments.deep_parity", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest.experiments.deep_parity", description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--skip-builder", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny models, every variant on the CPU (a check of this script)")
