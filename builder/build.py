@@ -63,6 +63,7 @@ from builder.source import (
 )
 from builder.versions import next_version, stage_version
 from contract import (
+    CUDA_PROVIDER_OPTIONS,
     ATTENTION_MASK,
     BATCHING_MODULE,
     LABELS_FILE,
@@ -407,11 +408,18 @@ def _write_tokenizer(planned: PlannedBuild, tok_dir: Path) -> None:
                                                                      digest), planned.settings)
 
 
-def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str) -> list[np.ndarray]:
+def _cuda(runtime: str) -> tuple[str, dict[str, str]]:
+    """The CUDA provider as the step will run it: the python runner's options, or (native) the onnxruntime
+    backend's, which are onnxruntime's defaults."""
+    return "CUDAExecutionProvider", dict(CUDA_PROVIDER_OPTIONS) if runtime == "python" else {}
+
+
+def _onnx_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str, runtime: str
+                  ) -> list[np.ndarray]:
     """The published model's outputs, on the GPU when it is built for one and onnxruntime-gpu is installed."""
-    providers = ["CPUExecutionProvider"]
+    providers: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, "CUDAExecutionProvider")
+        providers.insert(0, _cuda(runtime))
     session = ort.InferenceSession(str(path), providers=providers)
     return [np.asarray(o) for o in session.run(outputs, inputs)]
 
@@ -440,7 +448,7 @@ def _packed_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str
     CPU provider can run."""
     feed = packed_parity_inputs(inputs)
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
-        session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), providers=[_cuda("python"), "CPUExecutionProvider"])
         return [np.asarray(o) for o in session.run(outputs, feed)], "CUDAExecutionProvider"
     ran_on = "CPUExecutionProvider"
     if device == "gpu":
@@ -543,7 +551,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             if s.layout == "packed":
                 outputs, ran_on = _packed_outputs(onnx_path, inputs, s.output_names, s.device, raw_path.parent)
             else:
-                outputs, ran_on = _onnx_outputs(onnx_path, inputs, s.output_names, s.device), ""
+                outputs, ran_on = _onnx_outputs(onnx_path, inputs, s.output_names, s.device, s.runtime), ""
         mask = inputs[ATTENTION_MASK]
         results.append(compare(artifact, s.task, reference, outputs[0], s.max_seq_len))
         for name, ref, got in zip(s.token_outputs, references[1:], outputs[1:]):  # packed: [T, ...] already

@@ -37,6 +37,8 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # What one more onnxruntime call costs, in tokens of compute (contract/batching.py): on a GPU
 # a call has a fixed cost of ~1-2 ms (about a thousand tokens of bert-base or more); on a CPU almost none.
 CALL_COST_TOKENS = {"GPU": 1024, "CPU": 64}
+# contract.CUDA_PROVIDER_OPTIONS (the builder's parity runs with the same): fp32 GEMMs in fp32, not TF32
+CUDA_PROVIDER_OPTIONS = {"use_tf32": "0"}
 
 
 def _cuda_session(path, options, device):
@@ -46,7 +48,7 @@ def _cuda_session(path, options, device):
                            "(install onnxruntime-gpu, or build with --device cpu)")
     # onnxruntime 1.31 warns "No registered plugin EP device found for 'CUDAExecutionProvider' with
     # device_id=0" here and still runs on its built-in CUDA provider (seen on the H100 host).
-    providers = [("CUDAExecutionProvider", {"device_id": str(device)}), "CPUExecutionProvider"]
+    providers = [("CUDAExecutionProvider", {**CUDA_PROVIDER_OPTIONS, "device_id": str(device)}), "CPUExecutionProvider"]
     session = ort.InferenceSession(path, sess_options=options, providers=providers)
     if session.get_providers()[0] != "CUDAExecutionProvider":
         raise RuntimeError(f"onnxruntime {ort.__version__} could not run model.onnx on CUDA device {device} "
