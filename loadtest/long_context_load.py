@@ -122,11 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=["tiny", "base"], default="tiny", help="base: real model sizes (random weights)")
     p.add_argument("--variants", default="before,warm-up bounded,after",
                    help="comma list of the variants to build and load (those a model has)")
+    p.add_argument("--onnx-precision", choices=["fp16", "fp32"],
+                   help="the builder's --onnx-precision (default: its own, fp16 on the GPU; fp32: random deep models "
+                        "fail fp16 parity, results/h100-23-deep-parity)")
     p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="long-context-load-"))
     settings: dict[str, Any] = {**PYTHON_CPU, "device": args.device, "max_batch_size": 64}
+    if args.onnx_precision:
+        settings["onnx_precision"] = args.onnx_precision
     repos: dict[tuple[str, str], Path] = {}
     for model in args.models.split(","):
         sizes = BASE_SIZES[model] if args.shape == "base" else {}
