@@ -21,8 +21,8 @@ from gateway.api.middleware import (
     AccessLog,
     BodyLimit,
     CancelOnDisconnect,
-    InFlightLimit,
     LastResort,
+    MaxInFlight,
     RequestId,
     RequireKey,
 )
@@ -94,7 +94,7 @@ def request_layers(settings: GatewaySettings) -> list[Middleware]:
         Middleware(LastResort),  # an escaped exception: 413 (body grew past the limit) or a logged 500
         Middleware(RequireKey, api_keys=settings.api_keys, admin_keys=settings.admin_keys),  # 401/403/404, no body read
         Middleware(BodyLimit, max_bytes=settings.max_body_bytes),  # 413 by Content-Length, or while read
-        Middleware(InFlightLimit, max_in_flight=settings.max_in_flight,
+        Middleware(MaxInFlight, max_in_flight=settings.max_in_flight,
                    pause_s=min(settings.shed_pause_s, 1.0)),  # paced 429 over the bound; probes pass
         Middleware(CancelOnDisconnect),  # the client left: cancel its work, log 499
         Middleware(SheddingGate, request_timeout_s=settings.request_timeout_s,

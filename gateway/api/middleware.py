@@ -10,11 +10,12 @@ The app factory (gateway/app.py) stacks them in this order, outermost first:
    was read, any other exception a logged 500 (with the request id). Nothing once an answer started.
 4. `RequireKey`: the 401/403/404 of a request without the key its path needs, before its body is read.
 5. `BodyLimit`: the 413 of a body over the limit, by its Content-Length or while it is read.
-6. `InFlightLimit`: the paced 429 of a request over the in-flight bound (probes are never refused).
+6. `MaxInFlight`: the paced 429 of a request over the in-flight bound (probes are never refused).
 7. `CancelOnDisconnect`: a client that leaves after sending its body gets its work cancelled (499).
 
 Then api/shedding.py's `SheddingGate`, api/hot.py's `HotRoutes` and FastAPI's own stack. Each layer
-costs one call per request, and one small wrapper of `send` or `receive` where it must see the messages.
+costs one call per request (`Layer`), and one small wrapper of `send` or `receive` where it must see the
+messages.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable
 
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
@@ -42,6 +44,20 @@ _SAFE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 CLIENT_CLOSED_REQUEST = 499  # nginx's "client closed request": logged for a request whose client left
 
 
+class Layer:
+    """An ASGI layer of HTTP requests: `http` serves one; lifespan events pass on to `app` untouched.
+    (`__call__` returns the coroutine it picks: no coroutine of its own per request.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        return (self.http if scope["type"] == "http" else self.app)(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
 def header(scope: Scope, name: bytes) -> str:
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), "")
 
@@ -52,18 +68,15 @@ def request_id(scope: Scope, header: bytes) -> str:
     return value.decode("ascii") if _SAFE_REQUEST_ID.fullmatch(value) else uuid.uuid4().hex
 
 
-class RequestId:
+class RequestId(Layer):
     """Puts the request id into `request.state.request_id` and on every response as the `header` header."""
 
     def __init__(self, app: ASGIApp, *, header: str) -> None:
-        self.app = app
+        super().__init__(app)
         self.lookup = header.lower().encode()
         self.name = header.encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = request_id(scope, self.lookup)
         scope.setdefault("state", {})["request_id"] = rid
         rid_header = (self.name, rid.encode("ascii"))
@@ -76,20 +89,14 @@ class RequestId:
         await self.app(scope, receive, send_with_id)
 
 
-class AccessLog:
+class AccessLog(Layer):
     """Counts and times each request on its route (probes excepted), and writes one access-log line.
 
     The status is the answer's; a layer below that answers nothing puts the status to log into
     `request.state.status` (CancelOnDisconnect: 499). A request that raises (a server shutting down
     cancels it) is neither counted nor logged."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 500  # until an answer starts
 
         async def send_status(message: Message) -> None:
@@ -154,18 +161,12 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body over the limit of {limit} bytes")
 
 
-class LastResort:
+class LastResort(Layer):
     """Answers what escaped the layers below in the one error shape, unless an answer has started:
     a `BodyTooLarge` (raised where the body is read) with its 413, any other exception with a 500,
     logged with the request id. Nothing of it reaches the client."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def send_started(message: Message) -> None:
@@ -185,12 +186,12 @@ class LastResort:
                 await error_response(ErrorType.INTERNAL_ERROR, "internal error")(scope, receive, send)
 
 
-class RequireKey:
+class RequireKey(Layer):
     """Refuses a request without the key its path needs (API key, admin key, none: api/auth.py) before
     its body is read."""
 
     def __init__(self, app: ASGIApp, *, api_keys: list[str], admin_keys: list[str]) -> None:
-        self.app = app
+        super().__init__(app)
         self.api_keys = api_keys
         self.admin_keys = admin_keys
 
@@ -201,8 +202,8 @@ class RequireKey:
             return check_admin_key(header(scope, b"authorization"), self.admin_keys)
         return None if is_public(path) else check_api_key(header(scope, b"authorization"), self.api_keys)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        denied = self.denied(scope) if scope["type"] == "http" else None
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        denied = self.denied(scope)
         if denied is None:
             await self.app(scope, receive, send)
         else:
@@ -214,18 +215,15 @@ def declared_length(scope: Scope) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-class BodyLimit:
+class BodyLimit(Layer):
     """Refuses a body over `max_bytes`: by its Content-Length at once, else by raising `BodyTooLarge`
     from `receive` once the bytes read pass the limit (LastResort, or FastAPI, answers it)."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = declared_length(scope)
         if length is not None and length > self.max_bytes:
             too_large = f"request body over the limit of {self.max_bytes} bytes"
@@ -245,22 +243,19 @@ class BodyLimit:
         await self.app(scope, limited_receive, send)
 
 
-class InFlightLimit:
+class MaxInFlight(Layer):
     """Bounds the requests this worker serves at once (the gauge `IN_FLIGHT`). Over the bound a request
     is answered 429 after `pause_s` (GATEWAY_SHED_PAUSE_S, paced like a shedding model's refusals in
     api/shedding.py: a client that retries at once sends one request per pause). Probes are counted but
     never refused."""
 
     def __init__(self, app: ASGIApp, *, max_in_flight: int, pause_s: float) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_in_flight = max_in_flight
         self.pause_s = pause_s
         self.in_flight = 0
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.in_flight >= self.max_in_flight and scope["path"] not in PROBE_PATHS:
             if self.pause_s > 0:
                 await asyncio.sleep(self.pause_s)
@@ -276,18 +271,12 @@ class InFlightLimit:
             IN_FLIGHT.dec()
 
 
-class CancelOnDisconnect:
+class CancelOnDisconnect(Layer):
     """Once the body is read, watches for the client leaving before its answer is complete, and then
     cancels the request's task: its queued rows and Triton calls stop. The request ends normally, with
     `request.state.status` 499 for the access log (nobody to answer)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = asyncio.current_task()
         finished = disconnected = False
         watcher: asyncio.Task[None] | None = None
