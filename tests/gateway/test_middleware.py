@@ -250,3 +250,10 @@ async def test_over_the_in_flight_bound_refusals_are_paced_429s_and_probes_pass(
         await holding
         release.clear()
         assert holder.status == 200
+
+
+def test_the_probe_paths_are_served_probes() -> None:
+    from gateway.api.probes import PROBE_PATHS
+    from gateway.api.routes import ops
+
+    assert PROBE_PATHS <= {getattr(route, "path", "") for route in ops.routes}  # one constant, the routes' own paths
