@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from opentelemetry.trace import TracerProvider
+from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
@@ -16,7 +17,16 @@ from swagger_ui_bundle import swagger_ui_path
 from gateway import tracing
 from gateway.api.errors import install_error_handlers
 from gateway.api.hot import HotRoutes, hot_routes
-from gateway.api.middleware import RequestContextMiddleware
+from gateway.api.middleware import (
+    AccessLog,
+    BodyLimit,
+    CancelOnDisconnect,
+    LastResort,
+    MaxInFlight,
+    RequestId,
+    RequireKey,
+)
+from gateway.api.probes import PROBE_PATHS
 from gateway.api.responses import OrjsonResponse
 from gateway.api.admin import admin
 from gateway.api.cohere import cohere
@@ -59,7 +69,8 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json" if settings.docs else None,
-        telemetry=tracing.fastapi_telemetry(tracer_provider),
+        telemetry=tracing.fastapi_telemetry(tracer_provider, untraced=PROBE_PATHS),
+        middleware=request_layers(settings),
     )
     install_error_handlers(app)
     app.include_router(api)
@@ -70,19 +81,26 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     app.include_router(cohere)  # Cohere v2: /v2/embed, /v2/rerank
     if settings.docs:
         _serve_docs(app)
-    app.add_middleware(HotRoutes, routes=hot_routes([api, vectors, cohere]))  # innermost: the inference routes, lean
-    app.add_middleware(SheddingGate, request_timeout_s=settings.request_timeout_s, pause_s=settings.shed_pause_s)
-    app.add_middleware(
-        RequestContextMiddleware,
-        request_id_header=settings.request_id_header,
-        max_in_flight=settings.max_in_flight,
-        refusal_pause_s=min(settings.shed_pause_s, 1.0),
-        max_body_bytes=settings.max_body_bytes,
-        api_keys=settings.api_keys,
-        admin_keys=settings.admin_keys,
-    )
-    app.add_middleware(TeiErrorShape)  # outermost: also the middleware's own errors under /tei/ in TEI's shape
     return app
+
+
+def request_layers(settings: GatewaySettings) -> list[Middleware]:
+    """The gateway's ASGI layers around every request, outermost first (FastAPI's ServerErrorMiddleware and
+    telemetry wrap them; its exception handlers and router come after). One job each: api/middleware.py."""
+    return [
+        Middleware(TeiErrorShape),  # errors under /tei/ in TEI's shape, the refusals below included
+        Middleware(RequestId, header=settings.request_id_header),  # request.state.request_id, echoed on each answer
+        Middleware(AccessLog),  # metrics on the route and the access-log line of every answer below
+        Middleware(LastResort),  # an escaped exception: 413 (body grew past the limit) or a logged 500
+        Middleware(RequireKey, api_keys=settings.api_keys, admin_keys=settings.admin_keys),  # 401/403/404, no body read
+        Middleware(BodyLimit, max_bytes=settings.max_body_bytes),  # 413 by Content-Length, or while read
+        Middleware(MaxInFlight, max_in_flight=settings.max_in_flight,
+                   pause_s=min(settings.shed_pause_s, 1.0)),  # paced 429 over the bound; probes pass
+        Middleware(CancelOnDisconnect),  # the client left: cancel its work, log 499
+        Middleware(SheddingGate, request_timeout_s=settings.request_timeout_s,
+                   pause_s=settings.shed_pause_s),  # paced refusal of a shedding model, before validation
+        Middleware(HotRoutes, routes=hot_routes([api, vectors, cohere])),  # inference routes, without FastAPI's routing
+    ]
 
 
 def _serve_docs(app: FastAPI) -> None:

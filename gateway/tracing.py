@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.tracing")
 
 SERVICE_NAME = "bert-gateway"
-UNTRACED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: noise, not traffic
 _EXPORTERS = ("otlp", "console")
 _OFF: AbstractContextManager[Any] = nullcontext()
 
@@ -128,9 +127,14 @@ def shutdown() -> None:
         owned.shutdown()
 
 
-def fastapi_telemetry(provider: trace.TracerProvider | None) -> TelemetryConfig:
-    """FastAPI's own telemetry settings: its HTTP server span with `provider` (none without one),
-    no FastAPI metrics or logs (Prometheus and our JSON lines do that), no exporters of its own."""
+def fastapi_telemetry(provider: trace.TracerProvider | None, untraced: Collection[str]) -> TelemetryConfig:
+    """FastAPI's own telemetry settings: its HTTP server span with `provider` (none without one) for every
+    path but `untraced` (probes and scrapes: noise, not traffic), no FastAPI metrics or logs (Prometheus
+    and our JSON lines do that), no exporters of its own."""
+
+    def excluded(scope: MutableMapping[str, Any]) -> bool:
+        return scope.get("path") in untraced
+
     return {
         "tracer_provider": provider,
         "tracing": provider is not None,
@@ -138,7 +142,7 @@ def fastapi_telemetry(provider: trace.TracerProvider | None) -> TelemetryConfig:
         "logs": False,
         "operation_spans": False,
         "auto_configure": False,
-        "exclude": _untraced,
+        "exclude": excluded,
     }
 
 
@@ -149,10 +153,6 @@ def route_selected(method: str, route: str) -> None:
     if span.is_recording():
         span.update_name(f"{method} {route}")
         span.set_attribute("http.route", route)
-
-
-def _untraced(scope: MutableMapping[str, Any]) -> bool:
-    return scope.get("path") in UNTRACED_PATHS
 
 
 def _attributes(attributes: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:

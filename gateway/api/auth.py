@@ -1,6 +1,6 @@
 """Optional bearer API keys (off when GATEWAY_API_KEYS is empty); keys are never logged.
 
-Checked by the request-context middleware before the body is read, so a client without a key
+Checked by api/middleware.py's RequireKey layer before the body is read, so a client without a key
 costs no body parsing. Health, readiness, metrics and the docs stay public (TEI's split), and so
 does each model's TEI health route, `/tei/{model}/health`.
 The admin routes (/admin/...) take only admin keys (GATEWAY_ADMIN_KEYS) and are off without one.
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hmac
 
+from gateway.api.probes import PROBE_PATHS
 from gateway.errors import ErrorType, GatewayError
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json"})
+PUBLIC_PATHS = PROBE_PATHS | {"/docs", "/openapi.json"}
 ADMIN_PREFIX = "/admin/"
 
 

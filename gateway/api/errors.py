@@ -132,4 +132,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)  # the request-context middleware answers first, with the id
+    app.add_exception_handler(Exception, _unexpected)  # api/middleware.py's LastResort answers first, with the id

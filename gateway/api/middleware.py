@@ -1,6 +1,22 @@
-"""Pure-ASGI middleware: request id, API key (401), body size limit (413), in-flight limit (429),
-cancelling the work of a client that disconnected, the last-resort 500 (with the request id),
-per-request metrics and one log line."""
+"""The gateway's own pure-ASGI layers around every HTTP request, one job each.
+
+The app factory (gateway/app.py) stacks them in this order, outermost first:
+
+1. `RequestId`: the request's id (the caller's when plain, else a new one) in `request.state.request_id`
+   and on every response.
+2. `AccessLog`: counts and times the request on its route and writes its access-log line, after the
+   answer, whoever gave it (the refusals of the layers below included).
+3. `LastResort`: what escaped the layers below: the 413 of a body that grew past the limit while it
+   was read, any other exception a logged 500 (with the request id). Nothing once an answer started.
+4. `RequireKey`: the 401/403/404 of a request without the key its path needs, before its body is read.
+5. `BodyLimit`: the 413 of a body over the limit, by its Content-Length or while it is read.
+6. `MaxInFlight`: the paced 429 of a request over the in-flight bound (probes are never refused).
+7. `CancelOnDisconnect`: a client that leaves after sending its body gets its work cancelled (499).
+
+Then api/shedding.py's `SheddingGate`, api/hot.py's `HotRoutes` and FastAPI's own stack. Each layer
+costs one call per request (`Layer`), and one small wrapper of `send` or `receive` where it must see the
+messages.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +26,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable
 
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
@@ -17,21 +34,32 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.auth import check_admin_key, check_api_key, is_admin, is_public
 from gateway.api.errors import error_response, gateway_error_response
+from gateway.api.probes import PROBE_PATHS
 from gateway.api.shedding import inference_route
 from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
 
 log = logging.getLogger("gateway.access")
-_UNTRACKED = {"/metrics", "/healthz", "/readyz"}
 _SAFE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+CLIENT_CLOSED_REQUEST = 499  # nginx's "client closed request": logged for a request whose client left
 
 
-class BodyTooLarge(HTTPException):
-    """The body grew past the limit while it was read (no or a false Content-Length). An HTTPException,
-    because FastAPI turns any other failure while it reads the body into a 400."""
+class Layer:
+    """An ASGI layer of HTTP requests: `http` serves one; lifespan events pass on to `app` untouched.
+    (`__call__` returns the coroutine it picks: no coroutine of its own per request.)"""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body over the limit of {limit} bytes")
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        return (self.http if scope["type"] == "http" else self.app)(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+def header(scope: Scope, name: bytes) -> str:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), "")
 
 
 def request_id(scope: Scope, header: bytes) -> str:
@@ -40,13 +68,48 @@ def request_id(scope: Scope, header: bytes) -> str:
     return value.decode("ascii") if _SAFE_REQUEST_ID.fullmatch(value) else uuid.uuid4().hex
 
 
-def header(scope: Scope, name: bytes) -> str:
-    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), "")
+class RequestId(Layer):
+    """Puts the request id into `request.state.request_id` and on every response as the `header` header."""
+
+    def __init__(self, app: ASGIApp, *, header: str) -> None:
+        super().__init__(app)
+        self.lookup = header.lower().encode()
+        self.name = header.encode()
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rid = request_id(scope, self.lookup)
+        scope.setdefault("state", {})["request_id"] = rid
+        rid_header = (self.name, rid.encode("ascii"))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), rid_header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
-def declared_length(scope: Scope) -> int | None:
-    value = header(scope, b"content-length")
-    return int(value) if value.isdigit() else None
+class AccessLog(Layer):
+    """Counts and times each request on its route (probes excepted), and writes one access-log line.
+
+    The status is the answer's; a layer below that answers nothing puts the status to log into
+    `request.state.status` (CancelOnDisconnect: 499). A request that raises (a server shutting down
+    cancels it) is neither counted nor logged."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 500  # until an answer starts
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        start = time.perf_counter()
+        await self.app(scope, receive, send_status)
+        elapsed = time.perf_counter() - start
+        state = scope.get("state") or {}
+        record(scope, state, state.get("status", status), elapsed)
 
 
 @functools.lru_cache(maxsize=8)
@@ -64,134 +127,188 @@ def _known_route(scope: Scope) -> str:
     return "unmatched"
 
 
-class RequestContextMiddleware:
-    """Wraps every HTTP request; handlers put `model`/`inputs` into `request.state`."""
+def record(scope: Scope, state: dict[str, object], status: int, elapsed: float) -> None:
+    """Count and time one answered request on its route template, and log it."""
+    route = scope.get("route")
+    # an inference route refused before routing (a missing key, a shedding model) is still counted as that route
+    known = inference_route(scope["path"])
+    path = getattr(route, "path", None) or (known[0] if known else _known_route(scope))
+    model = str(state.get("model", ""))
+    if path not in PROBE_PATHS:
+        REQUESTS.labels(path, model, str(status)).inc()
+        REQUEST_LATENCY.labels(path, model).observe(elapsed)
+        if "inputs" in state:
+            INPUTS_PER_REQUEST.labels(path).observe(state["inputs"])
+    log.info(
+        "request",
+        extra={
+            "request_id": state.get("request_id"),
+            "method": scope["method"],
+            "path": scope["path"],
+            "route": path,
+            "model": model,
+            "status": status,
+            "duration_ms": round(elapsed * 1000, 3),
+        },
+    )
 
-    def __init__(
-        self, app: ASGIApp, *, request_id_header: str, max_in_flight: int, max_body_bytes: int, api_keys: list[str],
-        refusal_pause_s: float = 0.0,
-        admin_keys: list[str] | None = None,
-    ) -> None:
-        self.app = app
+
+class BodyTooLarge(HTTPException):
+    """The body grew past the limit while it was read (no or a false Content-Length). An HTTPException,
+    because FastAPI turns any other failure while it reads the body into a 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over the limit of {limit} bytes")
+
+
+class LastResort(Layer):
+    """Answers what escaped the layers below in the one error shape, unless an answer has started:
+    a `BodyTooLarge` (raised where the body is read) with its 413, any other exception with a 500,
+    logged with the request id. Nothing of it reaches the client."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def send_started(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_started)
+        except BodyTooLarge as exc:
+            if not started:
+                await error_response(ErrorType.BODY_TOO_LARGE, exc.detail)(scope, receive, send)
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": scope.get("state", {}).get("request_id")})
+            if not started:
+                await error_response(ErrorType.INTERNAL_ERROR, "internal error")(scope, receive, send)
+
+
+class RequireKey(Layer):
+    """Refuses a request without the key its path needs (API key, admin key, none: api/auth.py) before
+    its body is read."""
+
+    def __init__(self, app: ASGIApp, *, api_keys: list[str], admin_keys: list[str]) -> None:
+        super().__init__(app)
         self.api_keys = api_keys
-        self.admin_keys = admin_keys or []
-        self.header = request_id_header.lower().encode()
-        self.header_name = request_id_header.encode()
+        self.admin_keys = admin_keys
+
+    def denied(self, scope: Scope) -> GatewayError | None:
+        """The 401/403/404 of a request without the key its path needs; None when it may pass."""
+        path = scope["path"]
+        if is_admin(path):
+            return check_admin_key(header(scope, b"authorization"), self.admin_keys)
+        return None if is_public(path) else check_api_key(header(scope, b"authorization"), self.api_keys)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        denied = self.denied(scope)
+        if denied is None:
+            await self.app(scope, receive, send)
+        else:
+            await gateway_error_response(denied)(scope, receive, send)
+
+
+def declared_length(scope: Scope) -> int | None:
+    value = header(scope, b"content-length")
+    return int(value) if value.isdigit() else None
+
+
+class BodyLimit(Layer):
+    """Refuses a body over `max_bytes`: by its Content-Length at once, else by raising `BodyTooLarge`
+    from `receive` once the bytes read pass the limit (LastResort, or FastAPI, answers it)."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        super().__init__(app)
+        self.max_bytes = max_bytes
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length = declared_length(scope)
+        if length is not None and length > self.max_bytes:
+            too_large = f"request body over the limit of {self.max_bytes} bytes"
+            await error_response(ErrorType.BODY_TOO_LARGE, too_large)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+class MaxInFlight(Layer):
+    """Bounds the requests this worker serves at once (the gauge `IN_FLIGHT`). Over the bound a request
+    is answered 429 after `pause_s` (GATEWAY_SHED_PAUSE_S, paced like a shedding model's refusals in
+    api/shedding.py: a client that retries at once sends one request per pause). Probes are counted but
+    never refused."""
+
+    def __init__(self, app: ASGIApp, *, max_in_flight: int, pause_s: float) -> None:
+        super().__init__(app)
         self.max_in_flight = max_in_flight
-        self.refusal_pause_s = refusal_pause_s  # a 429 is answered after this pause (GATEWAY_SHED_PAUSE_S)
-        self.max_body_bytes = max_body_bytes
+        self.pause_s = pause_s
         self.in_flight = 0
 
-    def _denied(self, scope: Scope) -> GatewayError | None:
-        """The 401/403/404 of a request without the key its path needs (API key, admin key, none)."""
-        path, authorization = scope["path"], header(scope, b"authorization")
-        if is_admin(path):
-            return check_admin_key(authorization, self.admin_keys)
-        return None if is_public(path) else check_api_key(authorization, self.api_keys)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.in_flight >= self.max_in_flight and scope["path"] not in PROBE_PATHS:
+            if self.pause_s > 0:
+                await asyncio.sleep(self.pause_s)
+            await error_response(ErrorType.RATE_LIMITED, "too many requests in flight", retry_after_s=1)(
+                scope, receive, send)
             return
-        rid = request_id(scope, self.header)
-        scope.setdefault("state", {})["request_id"] = rid  # request.state.request_id for the routes
-        rid_header = (self.header_name, rid.encode("ascii"))
-        status = 500
-        started = finished = disconnected = False
-        received = 0
-        watcher: asyncio.Task[None] | None = None
-        handler = asyncio.current_task()
+        self.in_flight += 1
+        IN_FLIGHT.inc()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+            IN_FLIGHT.dec()
 
-        async def send_with_id(message: Message) -> None:
-            nonlocal status, started, finished
-            if message["type"] == "http.response.start":
-                status, started = message["status"], True
-                message["headers"] = [*message.get("headers", ()), rid_header]
-            elif not message.get("more_body", False):
+
+class CancelOnDisconnect(Layer):
+    """Once the body is read, watches for the client leaving before its answer is complete, and then
+    cancels the request's task: its queued rows and Triton calls stop. The request ends normally, with
+    `request.state.status` 499 for the access log (nobody to answer)."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = asyncio.current_task()
+        finished = disconnected = False
+        watcher: asyncio.Task[None] | None = None
+
+        async def send_finished(message: Message) -> None:
+            nonlocal finished
+            if message["type"] != "http.response.start" and not message.get("more_body", False):
                 finished = True  # before sending: the server reports the completed response as a disconnect
             await send(message)
 
-        async def reply(type_: ErrorType, message: str, retry_after_s: float | None = None) -> None:
-            await error_response(type_, message, retry_after_s)(scope, receive, send_with_id)
-
-
-        async def watch_disconnect() -> None:
+        async def watch() -> None:
             nonlocal disconnected
             message = await receive()
             if message["type"] == "http.disconnect" and not finished and handler is not None:
                 disconnected = True
-                handler.cancel()  # the client left: stop its queued rows and Triton calls
+                handler.cancel()
 
-        async def limited_receive() -> Message:
-            nonlocal received, watcher
+        async def receive_then_watch() -> Message:
+            nonlocal watcher
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise BodyTooLarge(self.max_body_bytes)
-                if not message.get("more_body", False):  # whole body read: from now on only a disconnect comes
-                    watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                watcher = asyncio.get_running_loop().create_task(watch())  # from now on only a disconnect comes
             return message
 
-        start = time.perf_counter()
-        too_large = f"request body over the limit of {self.max_body_bytes} bytes"
-        length = declared_length(scope)
-        denied = self._denied(scope)
-        if denied is not None:
-            await gateway_error_response(denied)(scope, receive, send_with_id)
-        elif length is not None and length > self.max_body_bytes:
-            await reply(ErrorType.BODY_TOO_LARGE, too_large)
-        elif self.in_flight >= self.max_in_flight and scope["path"] not in _UNTRACKED:
-            if self.refusal_pause_s > 0:  # paced, like a shedding model's refusals (api/shedding.py)
-                await asyncio.sleep(self.refusal_pause_s)
-            await reply(ErrorType.RATE_LIMITED, "too many requests in flight", retry_after_s=1)
-        else:
-            self.in_flight += 1
-            IN_FLIGHT.inc()
-            try:
-                await self.app(scope, limited_receive, send_with_id)
-            except BodyTooLarge:
-                if not started:
-                    await reply(ErrorType.BODY_TOO_LARGE, too_large)
-            except asyncio.CancelledError:
-                if not disconnected:
-                    raise
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                status = 499  # nginx's "client closed request": nobody to answer
-            except Exception:
-                log.exception("unhandled error", extra={"request_id": rid})
-                if not started:
-                    await reply(ErrorType.INTERNAL_ERROR, "internal error")
-            finally:
-                finished = True
-                if watcher is not None:
-                    watcher.cancel()
-                self.in_flight -= 1
-                IN_FLIGHT.dec()
-        self._record(scope, rid, status, time.perf_counter() - start)
-
-    @staticmethod
-    def _record(scope: Scope, rid: str, status: int, elapsed: float) -> None:
-        route = scope.get("route")
-        # an inference route refused before routing (a missing key, a shedding model) is still counted as that route
-        known = inference_route(scope["path"])
-        path = getattr(route, "path", None) or (known[0] if known else _known_route(scope))
-        state = scope.get("state") or {}
-        model = str(state.get("model", ""))
-        if path not in _UNTRACKED:
-            REQUESTS.labels(path, model, str(status)).inc()
-            REQUEST_LATENCY.labels(path, model).observe(elapsed)
-            if "inputs" in state:
-                INPUTS_PER_REQUEST.labels(path).observe(state["inputs"])
-        log.info(
-            "request",
-            extra={
-                "request_id": rid,
-                "method": scope["method"],
-                "path": scope["path"],
-                "route": path,
-                "model": model,
-                "status": status,
-                "duration_ms": round(elapsed * 1000, 3),
-            },
-        )
+        try:
+            await self.app(scope, receive_then_watch, send_finished)
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            scope.setdefault("state", {})["status"] = CLIENT_CLOSED_REQUEST
+        finally:
+            finished = True
+            if watcher is not None:
+                watcher.cancel()

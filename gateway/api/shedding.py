@@ -2,7 +2,7 @@
 
 When no model is shedding this layer only looks at the path. While one is (its last admission
 check refused a request, service/admission.py), a POST to an inference route has its body read
-(the request-context middleware still bounds it) and only the `model` and `backend` fields
+(api/middleware.py's BodyLimit still bounds it) and only the `model` and `backend` fields
 picked out, and the model's admission check runs before FastAPI validates the body or anything
 is tokenized: a storm of retries that ignore Retry-After costs the gateway a JSON peek per
 request, not the work of the requests the model is serving. What is admitted here goes on with

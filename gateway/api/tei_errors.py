@@ -1,6 +1,6 @@
 """TEI's error shape under /tei/: `{"error": str, "error_type": str}` with TEI's status codes.
 
-Every failure of the gateway (a route's domain error, a validation error, the middleware's 401/413/429,
+Every failure of the gateway (a route's domain error, a validation error, the request layers' 401/413/429,
 an unknown route) is answered in the gateway's one shape `{"error": {"type", "message"}}`. For a path
 under /tei/ this outermost ASGI wrapper turns that answer into TEI's: the gateway's error type picks TEI's
 status and `error_type` (TEI's six: Unhealthy, Backend, Overloaded, Validation, Tokenizer, Empty). Metrics
