@@ -1,13 +1,13 @@
 """Cohere's v2 API, what `cohere.ClientV2(base_url=...)` calls: `POST /v2/embed` and `POST /v2/rerank`.
 
 Thin adapters over the services of /embed and /rerank: Cohere's request mapped in (input_type -> the
-model's prompt, truncate -> truncation side, output_dimension -> matryoshka dimensions), the answer mapped
-to Cohere's response model (api/cohere_schemas.py). The v1 rerank shape stays in api/routes.py.
+model's prompt, truncate -> truncation side, output_dimension -> matryoshka dimensions), the answer written
+in Cohere's shape (api/cohere_schemas.py documents it, tests/gateway/test_response_models.py checks it).
+The v1 rerank shape stays in api/routes.py.
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import numpy as np
@@ -16,17 +16,13 @@ from starlette.responses import Response
 
 from contract import TruncationDirection
 from gateway.api.cohere_schemas import (
-    CohereBilledUnits,
-    CohereEmbeddings,
     CohereEmbedV2Request,
     CohereEmbedV2Response,
-    CohereMeta,
     CohereRerankV2Request,
     CohereRerankV2Response,
-    CohereRerankV2Result,
 )
-from gateway.api.responses import OrjsonResponse
-from gateway.api.routes import _ERRORS, api, request_id, services
+from gateway.api.responses import OrjsonResponse, base64_rows
+from gateway.api.routes import _ERRORS, api, request_id_of, services
 from gateway.errors import ErrorType, invalid
 from gateway.metrics import TOKENS
 from gateway.service.prompts import Prompt
@@ -51,20 +47,24 @@ def _refuse_unsupported(body: CohereEmbedV2Request, model: ServedModel) -> None:
                       "truncated at max_seq_len", type=ErrorType.UNSUPPORTED_OPTION)
 
 
-def _embeddings(vectors: np.ndarray, types: set[str]) -> CohereEmbeddings:
-    """The requested embedding types of unit-length float32 vectors."""
+def _embeddings(vectors: np.ndarray, types: set[str]) -> dict[str, Any]:
+    """The requested embedding types of unit-length float32 vectors (CohereEmbeddings' fields, in its order)."""
     fields: dict[str, Any] = {}
     if "float" in types:
-        fields["float_"] = vectors
+        fields["float"] = vectors
     if "base64" in types:
-        little = vectors.astype("<f4", copy=False)
-        fields["base64"] = [base64.b64encode(row.tobytes()).decode() for row in little]
+        fields["base64"] = base64_rows(vectors)
     bits = np.packbits(vectors > 0, axis=1) if types & {"binary", "ubinary"} else None
-    if bits is not None and "ubinary" in types:
-        fields["ubinary"] = bits.tolist()
     if bits is not None and "binary" in types:
         fields["binary"] = (bits.astype(np.int16) - 128).tolist()
-    return CohereEmbeddings(**fields)
+    if bits is not None and "ubinary" in types:
+        fields["ubinary"] = bits.tolist()
+    return fields
+
+
+def _meta(tokens: int) -> dict[str, Any]:
+    """CohereMeta."""
+    return {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}}
 
 
 @cohere.post("/v2/embed", response_class=OrjsonResponse, responses={200: {"model": CohereEmbedV2Response}})
@@ -79,10 +79,9 @@ async def cohere_embed_route(body: CohereEmbedV2Request, request: Request) -> Re
         request.state, model, texts, prompt=Prompt(input_type=body.input_type, cohere=True), normalize=True,
         dimensions=body.output_dimension, truncate=body.truncate != "NONE", direction=direction)
     TOKENS.labels("/v2/embed", result.model).inc(result.tokens)
-    answer = CohereEmbedV2Response(
-        id=request_id(request), embeddings=_embeddings(result.vectors, set(body.embedding_types or ["float"])),
-        texts=texts, meta=CohereMeta(billed_units=CohereBilledUnits(input_tokens=result.tokens)))
-    return OrjsonResponse(answer.model_dump(by_alias=True, exclude_none=True))
+    embeddings = _embeddings(result.vectors, set(body.embedding_types or ["float"]))
+    return OrjsonResponse({"id": request_id_of(request), "embeddings": embeddings, "texts": texts,
+                           "meta": _meta(result.tokens), "response_type": "embeddings_by_type"})
 
 
 @cohere.post("/v2/rerank", response_class=OrjsonResponse, responses={200: {"model": CohereRerankV2Response}})
@@ -92,7 +91,6 @@ async def cohere_rerank_route(body: CohereRerankV2Request, request: Request) -> 
                                                    top_n=body.top_n)
     TOKENS.labels("/v2/rerank", result.model).inc(result.tokens)
     scores = result.scores
-    answer = CohereRerankV2Response(
-        id=request_id(request), results=[CohereRerankV2Result(index=i, relevance_score=scores[i]) for i in result.order],
-        meta=CohereMeta(billed_units=CohereBilledUnits(input_tokens=result.tokens)))
-    return OrjsonResponse(answer.model_dump(by_alias=True, exclude_none=True))
+    return OrjsonResponse({"id": request_id_of(request),
+                           "results": [{"index": i, "relevance_score": scores[i]} for i in result.order],
+                           "meta": _meta(result.tokens)})

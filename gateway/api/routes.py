@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any, cast
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from starlette.responses import Response
 
-from gateway.api.responses import OrjsonResponse
+from gateway.api.responses import OrjsonResponse, base64_rows
 from gateway.api.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -71,7 +70,7 @@ def texts_of(inputs: str | list[str]) -> list[str]:
     return [inputs] if isinstance(inputs, str) else inputs
 
 
-def request_id(request: Request) -> str:
+def request_id_of(request: Request) -> str:
     return getattr(request.state, "request_id", "") or ""
 
 
@@ -88,7 +87,8 @@ async def classify_route(body: ClassifyRequest, request: Request) -> Response:
         request.state, body.model, texts, second, truncate=body.truncate, direction=body.truncation_direction,
         backend=body.backend)
     TOKENS.labels("/classify", result.model).inc(result.tokens)
-    return OrjsonResponse({"model": result.model, "predictions": result.predictions, "usage": {"tokens": result.tokens}})
+    return OrjsonResponse({"model": result.model, "predictions": result.predictions,
+                           "usage": {"tokens": result.tokens}})
 
 
 @api.post("/embed", response_class=OrjsonResponse, responses={200: {"model": EmbedResponse}})
@@ -119,11 +119,7 @@ async def openai_embeddings_route(body: OpenAIEmbeddingRequest, request: Request
     TOKENS.labels("/v1/embeddings", result.model).inc(result.tokens)
     vectors = result.vectors
     if body.encoding_format == "base64":
-        little = vectors.astype("<f4", copy=False)
-        data = [
-            {"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
-            for i, row in enumerate(little)
-        ]
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(base64_rows(vectors))]
     else:
         data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
     tokens = result.tokens
@@ -158,7 +154,7 @@ async def cohere_rerank_route(body: CohereRerankRequest, request: Request) -> Re
         if body.return_documents:
             item["document"] = {"text": texts[i]}
         results.append(item)
-    return OrjsonResponse({"id": request_id(request), "model": result.model, "results": results,
+    return OrjsonResponse({"id": request_id_of(request), "model": result.model, "results": results,
                            "usage": {"total_tokens": result.tokens}})
 
 

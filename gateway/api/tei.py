@@ -2,8 +2,9 @@
 
 Clients written for TEI (huggingface_hub's InferenceClient, langchain-huggingface, LlamaIndex's
 TextEmbeddingsInference, plain HTTP) point their base URL here. Thin adapters: TEI's request is mapped to
-the same services /embed, /classify, /rerank, /tokenize and /decode use, and their answer to TEI's
-response model (api/tei_schemas.py). Errors get TEI's shape and status codes in api/tei_errors.py.
+the same services /embed, /classify, /rerank, /tokenize and /decode use, and their answer written in TEI's
+shape (api/tei_schemas.py documents it, tests/gateway/test_response_models.py checks it). Errors get TEI's
+shape and status codes in api/tei_errors.py.
 
 TEI serves one model and routes `POST /` by its kind; here `POST /tei/{model}` does the same by the served
 model's task (`_COMPAT`). Not served: /embed_sparse (issue 23: it goes next to /embed below, with a `sparse`
@@ -36,10 +37,8 @@ from gateway.api.tei_schemas import (
     TeiEmbedResponse,
     TeiError,
     TeiInfo,
-    TeiPrediction,
     TeiPredictRequest,
     TeiPredictResponse,
-    TeiRank,
     TeiRerankerType,
     TeiRerankRequest,
     TeiRerankResponse,
@@ -64,9 +63,9 @@ TEI_POOLING = {"mean": "mean", "cls": "cls", "lasttoken": "last_token"}  # the b
 TEI_DTYPE = {"fp16": "float16", "fp32": "float32"}
 
 
-def _json(body: BaseModel, *, exclude_none: bool = False) -> Response:
-    """The answer of a validated response model (vectors stay float32 arrays for orjson)."""
-    return OrjsonResponse(body.model_dump(exclude_none=exclude_none))
+def _json(body: BaseModel) -> Response:
+    """The answer of a response model (/info; the inference routes write dicts: no model per request)."""
+    return OrjsonResponse(body.model_dump())
 
 
 async def _served(request: Request, name: str, task: Task | None = None) -> tuple[Services, ServedModel]:
@@ -99,7 +98,7 @@ async def _embed(request: Request, tasks: Services, model: ServedModel, body: Te
         request.state, model, texts, prompt=Prompt(body.prompt_name), normalize=body.normalize,
         dimensions=body.dimensions, truncate=truncate, direction=_direction(body.truncation_direction), cut=truncate)
     _count_tokens(request, model, result.tokens)
-    return _json(TeiEmbedResponse(result.vectors))
+    return OrjsonResponse(result.vectors)
 
 
 @tei.post("/embed", response_class=OrjsonResponse, responses={200: {"model": TeiEmbedResponse}})
@@ -131,10 +130,10 @@ async def _predict(request: Request, tasks: Services, model: ServedModel, body: 
         raw_scores=body.raw_scores, cut=truncate)
     _count_tokens(request, model, result.tokens)
     rows = [
-        [TeiPrediction(score=score, label=label) for label, score in sorted(p["scores"].items(), key=lambda s: -s[1])]
+        [{"score": score, "label": label} for label, score in sorted(p["scores"].items(), key=lambda s: -s[1])]
         for p in result.predictions
     ]
-    return _json(TeiPredictResponse(rows[0] if single and not nested else rows))
+    return OrjsonResponse(rows[0] if single and not nested else rows)
 
 
 @tei.post("/predict", response_class=OrjsonResponse, responses={200: {"model": TeiPredictResponse}})
@@ -155,8 +154,9 @@ async def _rerank(request: Request, tasks: Services, model: ServedModel, body: T
         direction=_direction(body.truncation_direction), cut=truncate)
     _count_tokens(request, model, result.tokens)
     scores = result.scores
-    ranks = [TeiRank(index=i, score=scores[i], text=body.texts[i] if body.return_text else None) for i in result.order]
-    return _json(TeiRerankResponse(ranks), exclude_none=True)
+    if body.return_text:
+        return OrjsonResponse([{"index": i, "text": body.texts[i], "score": scores[i]} for i in result.order])
+    return OrjsonResponse([{"index": i, "score": scores[i]} for i in result.order])
 
 
 @tei.post("/rerank", response_class=OrjsonResponse, responses={200: {"model": TeiRerankResponse}})
@@ -209,7 +209,7 @@ async def tei_tokenize_route(model: ModelName, body: TeiTokenizeRequest, request
     tasks, served = await _served(request, model)
     result = await tasks.tokens.tokenize(request.state, served, texts, add_special_tokens=body.add_special_tokens,
                                          prompt_name=body.prompt_name)
-    return _json(TeiTokenizeResponse.model_validate(result.tokens))
+    return OrjsonResponse(result.tokens)
 
 
 @tei.post("/decode", response_class=OrjsonResponse, responses={200: {"model": TeiDecodeResponse}})
@@ -221,7 +221,7 @@ async def tei_decode_route(model: ModelName, body: TeiDecodeRequest, request: Re
         raise invalid("`ids` cannot be empty", type=ErrorType.EMPTY_INPUT)
     tasks, served = await _served(request, model)
     result = await tasks.tokens.decode(request.state, served, rows, skip_special_tokens=body.skip_special_tokens)
-    return _json(TeiDecodeResponse(result.texts))
+    return OrjsonResponse(result.texts)
 
 
 # --- info, health ----------------------------------------------------------------------------------

@@ -27,7 +27,9 @@ class CatalogService(Service):
         """`scheduler` or `ensemble`: how requests for the model's default backend run."""
         return self.inference.pipeline_of(model, model.endpoint(None))
 
-    async def readiness(self, deep: bool) -> tuple[bool, list[str], dict[str, FamilyState | None], dict[str, str] | None]:
+    async def readiness(
+        self, deep: bool,
+    ) -> tuple[bool, list[str], dict[str, FamilyState | None], dict[str, str] | None]:
         """(ready, served model names, every family's state, `deep`: each model's one-token probe) for /readyz."""
         runtime = self.runtime
         ready = await runtime.ready()

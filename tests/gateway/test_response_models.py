@@ -3,8 +3,8 @@
 The inference routes write their answers as dicts for orjson (no pydantic model is built per request: it costs
 gateway CPU, issue 20), so the declared models document OpenAPI without checking anything at run time. Here a
 real gateway in front of a real tritonserver answers every route that declares a 200 model, and each body is
-validated with a pydantic TypeAdapter against that model and written back: a missing field, a wrong type, a
-value coerced or a field the model does not have fails. The routes come from the app itself, so a new route
+validated with a pydantic TypeAdapter against that model and written back with its defaults: a missing field
+(also one with a default), a wrong type, a value coerced or a field the model does not have fails. The routes come from the app itself, so a new route
 without a case here fails too.
 
 Servers: the session's peer models (a reranker, a pair classifier, an embedder with prompts and matryoshka
@@ -29,6 +29,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import TypeAdapter
 
 from devstack.tritonserver import TritonServer
+from gateway.api.cohere_schemas import CohereRerankV2Response
 from gateway.api.schemas import ModelList, Rank
 from gateway.api.tei_schemas import TeiEmbedResponse
 from gateway.app import create_app
@@ -148,8 +149,18 @@ def mismatches(model: Any, response: httpx.Response) -> list[str]:
         value = adapter.validate_json(response.content)
     except ValueError as exc:
         return [str(exc)]
-    written = adapter.dump_python(value, mode="json", by_alias=True, exclude_unset=True)
-    return same(written, response.json())
+    # written back with its defaults: a field the body lacks but the model fills in (a default) is a mismatch too
+    written = adapter.dump_python(value, mode="json", by_alias=True, exclude_none=True)
+    return same(written, without_nulls(response.json()))
+
+
+def without_nulls(body: Any) -> Any:
+    """The body without null fields (a null and an absent optional field mean the same)."""
+    if isinstance(body, dict):
+        return {k: without_nulls(v) for k, v in body.items() if v is not None}
+    if isinstance(body, list):
+        return [without_nulls(v) for v in body]
+    return body
 
 
 def test_every_route_with_a_200_model_has_a_case() -> None:
@@ -165,6 +176,8 @@ def test_every_route_with_a_200_model_has_a_case() -> None:
     (ModelList, {"object": "list", "data": [{"id": "m"}]}, "task"),  # missing
     (TeiEmbedResponse, [[0.5, 1.0], [0.5]], "one length"),  # ragged
     (list[list[float]], [[0.5, True]], "[0][1]"),  # a bool is no float
+    (CohereRerankV2Response, {"id": "x", "results": [], "meta": {"billed_units": {"input_tokens": 1}}},
+     ".meta.api_version"),  # a default the body lacks
 ])
 def test_a_body_off_its_model_is_caught(model: Any, body: Any, why: str) -> None:
     found = mismatches(model, httpx.Response(200, content=orjson.dumps(body)))
