@@ -39,6 +39,7 @@ from gateway.logs import configure_logging
 from gateway.metrics import mark_worker_dead
 from gateway.service.admin import ModelAdmin
 from gateway.service.runtime import Runtime
+from gateway.service.services import Services
 from gateway.settings import GatewaySettings, get_settings
 
 
@@ -52,6 +53,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = Runtime(settings)
         app.state.runtime = runtime
+        app.state.services = Services.of(runtime)
         app.state.admin = ModelAdmin(runtime)
         await runtime.start()
         try:

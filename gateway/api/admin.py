@@ -25,7 +25,7 @@ def _admin(request: Request) -> ModelAdmin:
 
 
 def _card(request: Request, family: Family) -> dict[str, Any]:
-    served = family.name in request.app.state.runtime.registry.models
+    served = _admin(request).serves(family.name)
     return {"name": family.name, "state": family.state, "reason": family.reason, "served": served,
             "entries": [{"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
                         for e in family.entries]}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+import numpy as np
 import orjson
 from starlette.responses import JSONResponse
 
@@ -19,3 +21,8 @@ class OrjsonResponse(JSONResponse):
     def render(self, content: Any) -> bytes:
         with tracing.span("serialize"):
             return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def base64_rows(vectors: np.ndarray) -> list[str]:
+    """Each row of a float32 matrix as base64 of its little-endian bytes (what the openai client decodes)."""
+    return [base64.b64encode(row.tobytes()).decode() for row in vectors.astype("<f4", copy=False)]

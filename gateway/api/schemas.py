@@ -5,21 +5,30 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, TypeAdapter, WithJsonSchema
 
+from contract import ApiBackend as Backend
 from contract import OnnxAccelerator
 
 Text = Annotated[str, Field(min_length=1)]
 Inputs = Annotated[
     Text | Annotated[list[Text], Field(min_length=1)], Field(description="One non-empty text or a non-empty list.")
 ]
-Backend = Literal["onnx", "trt"]
+
+
+_FLOAT_ROWS: TypeAdapter[list[list[float]]] = TypeAdapter(list[list[float]])
 
 
 def _float_matrix(value: object) -> np.ndarray:
-    if not (isinstance(value, np.ndarray) and value.ndim == 2 and value.dtype == np.float32):
+    """A [n, dim] float32 array as handlers build it, or (a body read back) a list of equally long float lists."""
+    if isinstance(value, np.ndarray):
+        if value.ndim == 2 and value.dtype == np.float32:
+            return value
         raise ValueError("expected a 2-D float32 array")
-    return value
+    rows = _FLOAT_ROWS.validate_python(value)
+    if len({len(row) for row in rows}) > 1:
+        raise ValueError("expected rows of one length")
+    return np.array(rows, dtype=np.float32).reshape(len(rows), len(rows[0]) if rows else 0)
 
 
 # Embedding vectors in a response model: a [n, dim] float32 array, checked as such (not float by float) and

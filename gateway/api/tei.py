@@ -2,8 +2,9 @@
 
 Clients written for TEI (huggingface_hub's InferenceClient, langchain-huggingface, LlamaIndex's
 TextEmbeddingsInference, plain HTTP) point their base URL here. Thin adapters: TEI's request is mapped to
-the same services /embed, /classify, /rerank, /tokenize and /decode use, and their answer to TEI's
-response model (api/tei_schemas.py). Errors get TEI's shape and status codes in api/tei_errors.py.
+the same services /embed, /classify, /rerank, /tokenize and /decode use, and their answer written in TEI's
+shape (api/tei_schemas.py documents it, tests/gateway/test_response_models.py checks it). Errors get TEI's
+shape and status codes in api/tei_errors.py.
 
 TEI serves one model and routes `POST /` by its kind; here `POST /tei/{model}` does the same by the served
 model's task (`_COMPAT`). Not served: /embed_sparse (issue 23: it goes next to /embed below, with a `sparse`
@@ -23,7 +24,7 @@ from starlette.responses import Response
 
 from contract import Task, TruncationDirection
 from gateway.api.responses import OrjsonResponse
-from gateway.api.routes import _check_inputs, _deadline, _runtime, require_json
+from gateway.api.routes import require_json, services, texts_of
 from gateway.api.tei_schemas import (
     TEI_VERSION,
     TeiClassifierModel,
@@ -36,25 +37,20 @@ from gateway.api.tei_schemas import (
     TeiEmbedResponse,
     TeiError,
     TeiInfo,
-    TeiPrediction,
     TeiPredictRequest,
     TeiPredictResponse,
-    TeiRank,
     TeiRerankerType,
     TeiRerankRequest,
     TeiRerankResponse,
     TeiTokenizeRequest,
     TeiTokenizeResponse,
 )
-from gateway.errors import ErrorType, GatewayError, invalid, unavailable
+from gateway.errors import ErrorType, invalid
 from gateway.metrics import TOKENS
-from gateway.service.classify import check_pairs, classify
-from gateway.service.embed import check_dimensions, embed, prompt_text, with_prompt
-from gateway.service.inference import Inputs
+from gateway.service.prompts import Prompt
 from gateway.service.registry import ServedModel
-from gateway.service.rerank import ranking, rerank
-from gateway.service.runtime import Runtime
-from gateway.service.tokens import decode, tokenize, tokenizer_of
+from gateway.service.services import Services
+from gateway.settings import GatewaySettings
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": TeiError} for code in (400, 401, 404, 413, 415, 422, 424, 429, 501, 503, 504)
@@ -67,17 +63,15 @@ TEI_POOLING = {"mean": "mean", "cls": "cls", "lasttoken": "last_token"}  # the b
 TEI_DTYPE = {"fp16": "float16", "fp32": "float32"}
 
 
-def _json(body: BaseModel, *, exclude_none: bool = False) -> Response:
-    """The answer of a validated response model (vectors stay float32 arrays for orjson)."""
-    return OrjsonResponse(body.model_dump(exclude_none=exclude_none))
+def _json(body: BaseModel) -> Response:
+    """The answer of a response model (/info; the inference routes write dicts: no model per request)."""
+    return OrjsonResponse(body.model_dump())
 
 
-async def _served(request: Request, name: str, task: Task | None = None) -> tuple[Runtime, ServedModel]:
+async def _served(request: Request, name: str, task: Task | None = None) -> tuple[Services, ServedModel]:
     """The model /tei/{model} names (404 when not served; `task`: 424 when it serves another one)."""
-    runtime = _runtime(request)
-    model = await (runtime.any_model(name) if task is None else runtime.model(name, task))
-    request.state.model = model.name
-    return runtime, model
+    tasks = services(request)
+    return tasks, await tasks.catalog.model(request.state, name, task)
 
 
 def _count_tokens(request: Request, model: ServedModel, tokens: int) -> None:
@@ -95,49 +89,28 @@ def _direction(value: str) -> TruncationDirection:
     return "left" if value.lower() == "left" else "right"
 
 
-def _fit(request: Request, runtime: Runtime, texts: list[str], more: list[str], truncate: bool,
-         direction: TruncationDirection) -> tuple[list[str], list[str]]:
-    """With `truncate`, texts over GATEWAY_MAX_INPUT_CHARS characters are cut there (from `direction`'s end,
-    as TEI cuts at 250 characters per token of max_input_length), never refused; then the input limits (413)."""
-    if truncate:
-        limit = runtime.settings.max_input_chars
-
-        def cut(text: str) -> str:
-            if len(text) <= limit:
-                return text
-            return text[:limit] if direction == "right" else text[-limit:]
-
-        texts, more = [cut(t) for t in texts], [cut(t) for t in more]
-    _check_inputs(request, runtime, texts, more)
-    return texts, more
-
-
 # --- embed -----------------------------------------------------------------------------------------
-async def _embed(request: Request, runtime: Runtime, model: ServedModel, body: TeiEmbedRequest) -> Response:
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+async def _embed(request: Request, tasks: Services, model: ServedModel, body: TeiEmbedRequest) -> Response:
+    texts = texts_of(body.inputs)
     _not_empty(texts, "inputs")
-    truncate, direction = body.truncate is not False, _direction(body.truncation_direction)
-    texts, _ = _fit(request, runtime, texts, [], truncate, direction)
-    dimensions = check_dimensions(model, body.dimensions)
-    inputs = Inputs(with_prompt(texts, prompt_text(model, body.prompt_name)), None, direction)
-    vectors, tokens = await _deadline(runtime, lambda deadline: embed(
-        runtime.inference, model, inputs, normalize=body.normalize, dimensions=dimensions, truncate=truncate,
-        backend=None, deadline=deadline))
-    _count_tokens(request, model, tokens)
-    return _json(TeiEmbedResponse(vectors))
+    truncate = body.truncate is not False
+    result = await tasks.embed.embed(
+        request.state, model, texts, prompt=Prompt(body.prompt_name), normalize=body.normalize,
+        dimensions=body.dimensions, truncate=truncate, direction=_direction(body.truncation_direction), cut=truncate)
+    _count_tokens(request, model, result.tokens)
+    return OrjsonResponse(result.vectors)
 
 
 @tei.post("/embed", response_class=OrjsonResponse, responses={200: {"model": TeiEmbedResponse}})
 async def tei_embed_route(model: ModelName, body: TeiEmbedRequest, request: Request) -> Response:
     """TEI `/embed`: one vector per input, as a bare array (also for a single text)."""
-    runtime, served = await _served(request, model, "embed")
-    return await _embed(request, runtime, served, body)
+    tasks, served = await _served(request, model, "embed")
+    return await _embed(request, tasks, served, body)
 
 
 # --- predict ---------------------------------------------------------------------------------------
-def _predict_inputs(request: Request, runtime: Runtime, body: TeiPredictRequest,
-                    truncate: bool) -> tuple[Inputs, bool]:
-    """TEI's predict input as texts or pairs, and whether it was a single input (not a batch)."""
+def _predict_inputs(body: TeiPredictRequest) -> tuple[list[str], list[str] | None, bool]:
+    """TEI's predict input as texts and (for pairs) second texts, and whether it was a single input (not a batch)."""
     raw = body.inputs
     single = isinstance(raw, str) or isinstance(raw[0], str)
     rows = [[raw]] if isinstance(raw, str) else [cast(list[str], raw)] if single else cast(list[list[str]], raw)
@@ -145,66 +118,62 @@ def _predict_inputs(request: Request, runtime: Runtime, body: TeiPredictRequest,
         raise invalid("a batch mixes single texts and pairs: send all [text] or all [text, text_pair]")
     firsts, seconds = [r[0] for r in rows], [r[1] for r in rows if len(r) == 2]
     _not_empty(firsts + seconds, "inputs")
-    direction = _direction(body.truncation_direction)
-    firsts, seconds = _fit(request, runtime, firsts, seconds, truncate, direction)
-    return Inputs(firsts, seconds or None, direction), single
+    return firsts, seconds or None, single
 
 
-async def _predict(request: Request, runtime: Runtime, model: ServedModel, body: TeiPredictRequest, *,
+async def _predict(request: Request, tasks: Services, model: ServedModel, body: TeiPredictRequest, *,
                    nested: bool = False) -> Response:
     truncate = body.truncate is not False
-    inputs, single = _predict_inputs(request, runtime, body, truncate)
-    check_pairs(model, inputs.pairs is not None)
-    preds, tokens = await _deadline(runtime, lambda deadline: classify(
-        runtime.inference, model, inputs, truncate=truncate, backend=None, deadline=deadline,
-        raw_scores=body.raw_scores))
-    _count_tokens(request, model, tokens)
+    texts, pairs, single = _predict_inputs(body)
+    result = await tasks.classify.classify(
+        request.state, model, texts, pairs, truncate=truncate, direction=_direction(body.truncation_direction),
+        raw_scores=body.raw_scores, cut=truncate)
+    _count_tokens(request, model, result.tokens)
     rows = [
-        [TeiPrediction(score=score, label=label) for label, score in sorted(p["scores"].items(), key=lambda s: -s[1])]
-        for p in preds
+        [{"score": score, "label": label} for label, score in sorted(p["scores"].items(), key=lambda s: -s[1])]
+        for p in result.predictions
     ]
-    return _json(TeiPredictResponse(rows[0] if single and not nested else rows))
+    return OrjsonResponse(rows[0] if single and not nested else rows)
 
 
 @tei.post("/predict", response_class=OrjsonResponse, responses={200: {"model": TeiPredictResponse}})
 async def tei_predict_route(model: ModelName, body: TeiPredictRequest, request: Request) -> Response:
     """TEI `/predict` (classifiers): every label, best first; a single input gives one flat list, a batch
     one list per input."""
-    runtime, served = await _served(request, model, "classify")
-    return await _predict(request, runtime, served, body)
+    tasks, served = await _served(request, model, "classify")
+    return await _predict(request, tasks, served, body)
 
 
 # --- rerank ----------------------------------------------------------------------------------------
-async def _rerank(request: Request, runtime: Runtime, model: ServedModel, body: TeiRerankRequest) -> Response:
+async def _rerank(request: Request, tasks: Services, model: ServedModel, body: TeiRerankRequest) -> Response:
     _not_empty(body.texts, "texts")
     _not_empty([body.query], "query")
-    truncate, direction = body.truncate is not False, _direction(body.truncation_direction)
-    texts, (query,) = _fit(request, runtime, body.texts, [body.query], truncate, direction)
-    scores, tokens = await _deadline(runtime, lambda deadline: rerank(
-        runtime.inference, model, query, texts, raw_scores=body.raw_scores, truncate=truncate, direction=direction,
-        backend=None, deadline=deadline))
-    _count_tokens(request, model, tokens)
-    values = scores.tolist()
-    ranks = [TeiRank(index=i, score=values[i], text=body.texts[i] if body.return_text else None)
-             for i in ranking(scores)]
-    return _json(TeiRerankResponse(ranks), exclude_none=True)
+    truncate = body.truncate is not False
+    result = await tasks.rerank.rerank(
+        request.state, model, body.query, body.texts, raw_scores=body.raw_scores, truncate=truncate,
+        direction=_direction(body.truncation_direction), cut=truncate)
+    _count_tokens(request, model, result.tokens)
+    scores = result.scores
+    if body.return_text:
+        return OrjsonResponse([{"index": i, "text": body.texts[i], "score": scores[i]} for i in result.order])
+    return OrjsonResponse([{"index": i, "score": scores[i]} for i in result.order])
 
 
 @tei.post("/rerank", response_class=OrjsonResponse, responses={200: {"model": TeiRerankResponse}})
 async def tei_rerank_route(model: ModelName, body: TeiRerankRequest, request: Request) -> Response:
     """TEI `/rerank` (cross-encoders): `[{index, score, text?}]`, best first."""
-    runtime, served = await _served(request, model, "rerank")
-    return await _rerank(request, runtime, served, body)
+    tasks, served = await _served(request, model, "rerank")
+    return await _rerank(request, tasks, served, body)
 
 
 # --- the compat route ------------------------------------------------------------------------------
-Handler = Callable[[Request, Runtime, ServedModel, Any], Awaitable[Response]]
+Handler = Callable[[Request, Services, ServedModel, Any], Awaitable[Response]]
 
 
-async def _predict_compat(request: Request, runtime: Runtime, model: ServedModel, body: TeiPredictRequest) -> Response:
+async def _predict_compat(request: Request, tasks: Services, model: ServedModel, body: TeiPredictRequest) -> Response:
     # huggingface_hub's text_classification sends `parameters` and reads the Inference API's answer
     # (one list per input: [[{label, score}, ...]]); TEI's own flat list would give it the best label only.
-    return await _predict(request, runtime, model, body, nested=body.parameters is not None)
+    return await _predict(request, tasks, model, body, nested=body.parameters is not None)
 
 
 _COMPAT: dict[str, tuple[type[BaseModel], Handler]] = {
@@ -213,37 +182,34 @@ _COMPAT: dict[str, tuple[type[BaseModel], Handler]] = {
     "rerank": (TeiRerankRequest, _rerank),
 }
 _COMPAT_BODY = {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"} for m, _ in _COMPAT.values()]}
-_COMPAT_ANSWER = {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
-                            for m in (TeiEmbedResponse, TeiPredictResponse, TeiRerankResponse)]}
 
 
 @tei.post("", response_class=OrjsonResponse,
           openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _COMPAT_BODY}}}},
-          responses={200: {"content": {"application/json": {"schema": _COMPAT_ANSWER}}}})
+          responses={200: {"model": TeiEmbedResponse | TeiPredictResponse | TeiRerankResponse}})
 async def tei_compat_route(model: ModelName, request: Request) -> Response:
     """TEI's `POST /`: `/embed` for an embedding model, `/predict` for a classifier, `/rerank` for a reranker.
     For a classifier, `{"inputs": str, "parameters": {...}}` (huggingface_hub's `text_classification`) is
     answered as the Hugging Face Inference API does, `[[{label, score}, ...]]`."""
-    runtime, served = await _served(request, model)
+    tasks, served = await _served(request, model)
     schema, handler = _COMPAT[served.task]
     try:
         body = schema.model_validate_json(await request.body())
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from None
-    return await handler(request, runtime, served, body)
+    return await handler(request, tasks, served, body)
 
 
 # --- tokenize, decode ------------------------------------------------------------------------------
 @tei.post("/tokenize", response_class=OrjsonResponse, responses={200: {"model": TeiTokenizeResponse}})
 async def tei_tokenize_route(model: ModelName, body: TeiTokenizeRequest, request: Request) -> Response:
     """TEI `/tokenize`: the tokens of every input (untruncated), with character offsets."""
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    texts = texts_of(body.inputs)
     _not_empty(texts, "inputs")
-    runtime, served = await _served(request, model)
-    _check_inputs(request, runtime, texts)
-    prefix = prompt_text(served, body.prompt_name) if body.prompt_name is not None else ""
-    tokens = await tokenize(tokenizer_of(runtime.inference, served), with_prompt(texts, prefix), body.add_special_tokens)
-    return _json(TeiTokenizeResponse.model_validate(tokens))
+    tasks, served = await _served(request, model)
+    result = await tasks.tokens.tokenize(request.state, served, texts, add_special_tokens=body.add_special_tokens,
+                                         prompt_name=body.prompt_name)
+    return OrjsonResponse(result.tokens)
 
 
 @tei.post("/decode", response_class=OrjsonResponse, responses={200: {"model": TeiDecodeResponse}})
@@ -253,16 +219,13 @@ async def tei_decode_route(model: ModelName, body: TeiDecodeRequest, request: Re
     rows = [cast(list[int], ids)] if not ids or isinstance(ids[0], int) else cast(list[list[int]], ids)
     if not rows or not all(rows):
         raise invalid("`ids` cannot be empty", type=ErrorType.EMPTY_INPUT)
-    runtime, served = await _served(request, model)
-    request.state.inputs = len(rows)
-    if len(rows) > runtime.settings.max_inputs:
-        raise GatewayError(ErrorType.TOO_MANY_INPUTS, f"{len(rows)} inputs, over the limit of {runtime.settings.max_inputs}")
-    texts = await decode(tokenizer_of(runtime.inference, served), rows, body.skip_special_tokens)
-    return _json(TeiDecodeResponse(texts))
+    tasks, served = await _served(request, model)
+    result = await tasks.tokens.decode(request.state, served, rows, skip_special_tokens=body.skip_special_tokens)
+    return OrjsonResponse(result.texts)
 
 
 # --- info, health ----------------------------------------------------------------------------------
-def _info(runtime: Runtime, model: ServedModel) -> TeiInfo:
+def _info(s: GatewaySettings, model: ServedModel) -> TeiInfo:
     endpoint = model.endpoint(None)
     model_type: TeiEmbeddingType | TeiClassifierType | TeiRerankerType
     labels = TeiClassifierModel(id2label={str(i): label for i, label in enumerate(model.labels)},
@@ -274,7 +237,6 @@ def _info(runtime: Runtime, model: ServedModel) -> TeiInfo:
         model_type = TeiClassifierType(classifier=labels)
     else:
         model_type = TeiRerankerType(reranker=labels)
-    s = runtime.settings
     step_rows = endpoint.step_max_batch_size or endpoint.max_batch_size
     return TeiInfo(
         model_id=model.source or model.name,
@@ -295,16 +257,14 @@ def _info(runtime: Runtime, model: ServedModel) -> TeiInfo:
 @tei.get("/info", response_class=OrjsonResponse, responses={200: {"model": TeiInfo}})
 async def tei_info_route(model: ModelName, request: Request) -> Response:
     """TEI `/info`: what the model is (`model_type`) and the limits it is served with."""
-    runtime, served = await _served(request, model)
-    return _json(_info(runtime, served))
+    tasks, served = await _served(request, model)
+    return _json(_info(tasks.catalog.settings, served))
 
 
 @tei.get("/health", response_class=Response, responses={200: {"description": "The model answers (empty body)."}})
 async def tei_health_route(model: ModelName, request: Request) -> Response:
     """TEI `/health` (public, like TEI's): 200 with an empty body when a one-token request through the model
     succeeds within GATEWAY_READY_PROBE_TIMEOUT_S, else 503 `Unhealthy`."""
-    runtime, served = await _served(request, model)
-    result = (await runtime.probe([served]))[served.name]
-    if result != "ok":
-        raise unavailable(f"model {served.name!r} is unhealthy: {result}", type=ErrorType.MODEL_UNAVAILABLE)
+    tasks, served = await _served(request, model)
+    await tasks.catalog.check_health(served)
     return Response(status_code=200)

@@ -26,6 +26,10 @@ class ModelAdmin:
         self.runtime = runtime
         self._lock = asyncio.Lock()
 
+    def serves(self, name: str) -> bool:
+        """Whether the API serves the family's model now (it is in /v1/models)."""
+        return name in self.runtime.registry.models
+
     async def families(self) -> dict[str, Family]:
         """Every model family in Triton's repository, read now."""
         await self.runtime.refresh(force=True)

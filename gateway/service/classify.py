@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from contract import TruncationDirection
 from gateway.errors import ErrorType, invalid
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
+from gateway.service.serving import Call, ModelRef, Service
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -44,3 +47,33 @@ async def classify(
     """Predictions for `inputs` in order, and the billed token count; `raw_scores`: the logits, not the softmax."""
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
     return predictions(model.labels, result.outputs if raw_scores else softmax(result.outputs)), result.tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    model: str
+    predictions: list[dict[str, Any]]  # {label, score, scores} per input, in order
+    tokens: int  # billed
+
+
+class ClassifyService(Service):
+    """Classification of texts or text pairs (/classify, TEI's /predict)."""
+
+    async def classify(
+        self, call: Call, model: ModelRef, texts: list[str], pairs: list[str] | None = None, *, truncate: bool = True,
+        direction: TruncationDirection = "right", backend: Backend | None = None, raw_scores: bool = False,
+        cut: bool = False,
+    ) -> Classification:
+        """One prediction per text (or pair texts[i], pairs[i]), in order. `cut`: texts over the character limit
+        are cut there instead of refused (413)."""
+        if cut:
+            texts = self.cut(texts, direction)
+            pairs = self.cut(pairs, direction) if pairs is not None else None
+        self.check_texts(call, texts, pairs or [])
+        served = await self.model(call, model, "classify")
+        check_pairs(served, pairs is not None)
+        inputs = Inputs(texts, pairs, direction)
+        preds, tokens = await self.within_deadline(lambda deadline: classify(
+            self.inference, served, inputs, truncate=truncate, backend=backend, deadline=deadline,
+            raw_scores=raw_scores))
+        return Classification(served.name, preds, tokens)

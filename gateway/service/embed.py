@@ -1,48 +1,25 @@
-"""Embeddings: prompts prepended as the model was trained, pooled vectors from the model, optional
+"""Embeddings: prompts prepended as the model was trained (service/prompts.py), pooled vectors from the model, optional
 matryoshka truncation, L2-normalized by default when the model was trained so (its Normalize module)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from contract import TruncationDirection
 from gateway.errors import ErrorType, invalid
-from gateway.service.inference import Inference, Inputs
+from gateway.service.inference import Inference, Inputs, token_input_unsupported
+from gateway.service.prompts import DEFAULT_PROMPT, Prompt, with_prompt
 from gateway.service.registry import Backend, ServedModel
-
-# OpenAI-style `input_type` (NVIDIA's embedding NIM) -> the prompt names a model may call it by.
-INPUT_TYPE_PROMPTS: dict[str, tuple[str, ...]] = {
-    "query": ("query",),
-    "passage": ("passage", "document", "doc"),
-}
+from gateway.service.serving import Call, ModelRef, Service
+from gateway.service.tokens import check_token_ids
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (zero rows stay zero)."""
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.maximum(norms, np.float32(1e-12))
-
-
-def prompt_text(model: ServedModel, prompt_name: str | None) -> str:
-    """The prefix of `prompt_name`, else of the model's default prompt, else ""; 400 for an unknown name."""
-    name = prompt_name if prompt_name is not None else model.default_prompt
-    if not name:
-        return ""
-    if name not in model.prompts:
-        known = ", ".join(sorted(model.prompts)) or "none"
-        raise invalid(f"model {model.name!r} has no prompt {name!r} (its prompts: {known})", type=ErrorType.UNKNOWN_PROMPT)
-    return model.prompts[name]
-
-
-def prompt_for_input_type(model: ServedModel, input_type: str | None) -> str | None:
-    """The prompt name an `input_type` maps to; None (the default prompt) when not given or when the
-    model has no prompts at all (a symmetric model); 400 when the model has prompts but none for it."""
-    if input_type is None or not model.prompts:
-        return None
-    for name in INPUT_TYPE_PROMPTS[input_type]:
-        if name in model.prompts:
-            return name
-    raise invalid(f"model {model.name!r} has no prompt for input_type {input_type!r} "
-                  f"(its prompts: {', '.join(sorted(model.prompts))})", type=ErrorType.UNKNOWN_PROMPT)
 
 
 def check_dimensions(model: ServedModel, dimensions: int | None) -> int | None:
@@ -57,8 +34,50 @@ def check_dimensions(model: ServedModel, dimensions: int | None) -> int | None:
                   f"allowed dimensions: {allowed}", type=ErrorType.UNSUPPORTED_DIMENSIONS)
 
 
-def with_prompt(texts: list[str], prefix: str) -> list[str]:
-    return [prefix + t for t in texts] if prefix else texts
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    model: str
+    vectors: np.ndarray  # [n, dimensions] float32, in input order
+    tokens: int  # billed
+
+
+class EmbedService(Service):
+    """Embeddings of texts or token ids (/embed, /v1/embeddings, /v2/embed, TEI's /embed)."""
+
+    async def embed(
+        self, call: Call, model: ModelRef, texts: list[str], *, token_ids: list[list[int]] | None = None,
+        prompt: Prompt = DEFAULT_PROMPT, normalize: bool | None = None, dimensions: int | None = None,
+        truncate: bool = True, direction: TruncationDirection = "right", backend: Backend | None = None,
+        cut: bool = False,
+    ) -> Embeddings:
+        """One vector per text (or per row of `token_ids`, the model's own ids without special tokens), in order.
+        `cut`: texts over the character limit are cut there instead of refused (413)."""
+        if token_ids is not None:
+            self.check_count(call, len(token_ids))
+        else:
+            if cut:
+                texts = self.cut(texts, direction)
+            self.check_texts(call, texts)
+        served = await self.model(call, model, "embed")
+        given = self._token_inputs(served, token_ids, prompt) if token_ids is not None else None
+        width = check_dimensions(served, dimensions)
+        inputs = given if given is not None else Inputs(with_prompt(texts, prompt.prefix(served)), None, direction)
+        vectors, tokens = await self.within_deadline(lambda deadline: embed(
+            self.inference, served, inputs, normalize=normalize, dimensions=width, truncate=truncate, backend=backend,
+            deadline=deadline))
+        return Embeddings(served.name, vectors, tokens)
+
+    def _token_inputs(self, model: ServedModel, rows: list[list[int]], prompt: Prompt) -> Inputs:
+        """Token ids as given: 400 with an input type (prompts are text), for a model whose tokenizer the gateway
+        cannot read, or for an id outside the model's vocabulary."""
+        if prompt.input_type is not None:
+            raise invalid("input_type applies to text input; token ids are taken as given",
+                          type=ErrorType.PROMPT_WITH_TOKEN_INPUT)
+        tokenizer = self.inference.tokenizer_for(model)
+        if tokenizer is None:
+            raise token_input_unsupported(model)
+        check_token_ids(tokenizer.encoder, rows)
+        return Inputs([], token_ids=rows)
 
 
 async def embed(

@@ -140,6 +140,12 @@ def _check_lengths(model: ServedModel, num_tokens: np.ndarray, truncate: bool) -
     return int(np.minimum(num_tokens, model.max_seq_len).sum())
 
 
+def token_input_unsupported(model: ServedModel) -> GatewayError:
+    """400: the gateway cannot read the model's tokenizer, so it takes no token ids for it."""
+    return invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
+                   "(GATEWAY_REPOSITORY); send text", type=ErrorType.TOKEN_INPUT_UNSUPPORTED)
+
+
 class Inference:
     """Both pipelines of one worker, and the set of scheduler pipelines kept in sync with the registry."""
 
@@ -238,8 +244,7 @@ class Inference:
         self, model: ServedModel, endpoint: Endpoint, inputs: Inputs, truncate: bool, deadline: float
     ) -> BatchResult:
         if inputs.token_ids is not None:
-            raise invalid(f"model {model.name!r} takes no token ids here: the gateway cannot read its tokenizer "
-                          "(GATEWAY_REPOSITORY); send text", type=ErrorType.TOKEN_INPUT_UNSUPPORTED)
+            raise token_input_unsupported(model)
         texts, pairs = inputs.texts, inputs.pairs
         tokenizer = self.encoders.get(model.name)
         if not truncate and tokenizer is not None:  # refuse before paying for the inference

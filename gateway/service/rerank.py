@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from contract import TruncationDirection
 from gateway.service.classify import softmax
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
+from gateway.service.serving import Call, ModelRef, Service
 
 
 def relevance(model: ServedModel, logits: np.ndarray, raw: bool) -> np.ndarray:
@@ -35,3 +38,31 @@ def ranking(scores: np.ndarray, top_n: int | None = None) -> list[int]:
     """Indices by descending score (ties keep input order), the first `top_n`."""
     order = np.argsort(-scores, kind="stable").tolist()
     return order if top_n is None else order[:top_n]
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    model: str
+    scores: list[float]  # per text, in input order
+    order: list[int]  # indices of the texts by descending score, the first `top_n`
+    tokens: int  # billed
+
+
+class RerankService(Service):
+    """Scores of texts against a query by a cross-encoder (/rerank, /v1/rerank, /v2/rerank, TEI's /rerank)."""
+
+    async def rerank(
+        self, call: Call, model: ModelRef, query: str, texts: list[str], *, top_n: int | None = None,
+        raw_scores: bool = False, truncate: bool = True, direction: TruncationDirection = "right",
+        backend: Backend | None = None, cut: bool = False,
+    ) -> Ranking:
+        """The relevance of every text to `query` and the ranking. `cut`: texts (and the query) over the character
+        limit are cut there instead of refused (413)."""
+        if cut:
+            texts, (query,) = self.cut(texts, direction), self.cut([query], direction)
+        self.check_texts(call, texts, [query])
+        served = await self.model(call, model, "rerank")
+        scores, tokens = await self.within_deadline(lambda deadline: rerank(
+            self.inference, served, query, texts, raw_scores=raw_scores, truncate=truncate, direction=direction,
+            backend=backend, deadline=deadline))
+        return Ranking(served.name, scores.tolist(), ranking(scores, top_n), tokens)

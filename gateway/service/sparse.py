@@ -12,14 +12,17 @@ Both come back as (indices ascending, values), non-zero values only: TEI's `/emb
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from contract import TOKEN_WEIGHTS
+from contract import TOKEN_WEIGHTS, TruncationDirection
 from gateway.errors import ErrorType, GatewayError
 from gateway.service.inference import Inference, Inputs
+from gateway.service.prompts import prompt_text, with_prompt
 from gateway.service.registry import Backend, ServedModel
+from gateway.service.serving import Call, Service
 
 SparseVector = tuple[np.ndarray, np.ndarray]  # (indices int64 ascending, values float32), non-zero values only
 SparseKind = Literal["splade", "lexical"]
@@ -80,3 +83,26 @@ async def embed_sparse(
     assert result.ids is not None  # per-token outputs run on the scheduler pipeline, which knows the ids
     vectors = [from_token_weights(ids, weights, model.sparse_skip_ids) for ids, weights in zip(result.ids, result.outputs)]
     return vectors, result.tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SparseEmbeddings:
+    model: str
+    vectors: list[SparseVector]  # per input, in order
+    tokens: int  # billed
+
+
+class SparseService(Service):
+    """Sparse vectors (/embed_sparse)."""
+
+    async def embed_sparse(
+        self, call: Call, model: str | None, texts: list[str], *, prompt_name: str | None = None,
+        truncate: bool = True, direction: TruncationDirection = "right", backend: Backend | None = None,
+    ) -> SparseEmbeddings:
+        """One sparse vector per text; `model` None: the only served model with a sparse output."""
+        self.check_texts(call, texts)
+        served = await self.model_with(call, model, lambda m: sparse_kind(m) is not None, "a sparse output")
+        inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction)
+        vectors, tokens = await self.within_deadline(lambda deadline: embed_sparse(
+            self.inference, served, inputs, truncate=truncate, backend=backend, deadline=deadline))
+        return SparseEmbeddings(served.name, vectors, tokens)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from contract.tokenization import TextEncoder, clean_text
 from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.service.inference import Inference
+from gateway.service.prompts import prompt_text, with_prompt
 from gateway.service.registry import ServedModel
+from gateway.service.serving import Call, ModelRef, Service
 from gateway.service.tokenization import TokenizerQueue
 
 
@@ -62,3 +65,35 @@ async def decode(tokenizer: TokenizerQueue, rows: list[list[int]], skip_special_
         return list(tokenizer.encoder.tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens))
 
     return await tokenizer.call(work, sum(map(len, rows)))
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    model: str
+    tokens: list[list[dict[str, Any]]]  # per text: {id, text, special, start, stop} per token
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    model: str
+    texts: list[str]  # one per row of ids
+
+
+class TokenService(Service):
+    """The model's own tokenizer as the gateway runs it (/tokenize, /decode and TEI's)."""
+
+    async def tokenize(self, call: Call, model: ModelRef, texts: list[str], *, add_special_tokens: bool = True,
+                       prompt_name: str | None = None) -> Tokens:
+        """Every token of every text, untruncated; `prompt_name`: with that prompt of the model before each."""
+        self.check_texts(call, texts)
+        served = await self.model(call, model, None)
+        prefix = prompt_text(served, prompt_name) if prompt_name is not None else ""
+        tokenizer = tokenizer_of(self.inference, served)
+        return Tokens(served.name, await tokenize(tokenizer, with_prompt(texts, prefix), add_special_tokens))
+
+    async def decode(self, call: Call, model: ModelRef, rows: list[list[int]], *,
+                     skip_special_tokens: bool = True) -> Decoded:
+        """The text of every row of token ids; 400 for an id outside the model's vocabulary."""
+        self.check_count(call, len(rows))
+        served = await self.model(call, model, None)
+        return Decoded(served.name, await decode(tokenizer_of(self.inference, served), rows, skip_special_tokens))

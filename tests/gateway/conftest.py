@@ -17,7 +17,15 @@ from devstack.tritonserver import TritonServer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from tests.fixtures.repository import PYTHON_CPU, build_repository
-from tests.fixtures.tiny_models import write_tiny_cross_encoder, write_tiny_pair_classifier, write_tiny_st_embedder
+from tests.fixtures.shared import SharedRepositories
+from tests.fixtures.tiny_models import (
+    write_tiny_cross_encoder,
+    write_tiny_modernbert,
+    write_tiny_pair_classifier,
+    write_tiny_splade,
+    write_tiny_st_embedder,
+    write_tiny_xlmr,
+)
 from tests.fixtures.triton import serving
 
 # The peer models' embedder (sentence-transformers layout): prompts, max length, matryoshka dimensions.
@@ -68,6 +76,39 @@ def peer_server(peer_repository: Path, tmp_path_factory: pytest.TempPathFactory)
     """A real tritonserver serving `peer_repository` (test_peer_api.py, test_peer_clients.py)."""
     with serving(TritonServer(repository=peer_repository, log_path=tmp_path_factory.mktemp("peer_logs") / "triton.log")) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def issue23_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Issue 23's encoders (test_long_sparse_vectors.py): XLM-R in bge-m3 shape (sparse and ColBERT heads) and in
+    e5 shape, ModernBERT, and SPLADE folders in the sentence-transformers 5 and 6 layouts."""
+    root = tmp_path_factory.mktemp("issue23_models")
+    return {
+        "m3": write_tiny_xlmr(root / "m3", "bge-m3"),
+        "e5": write_tiny_xlmr(root / "e5", "e5"),
+        "mb": write_tiny_modernbert(root / "mb"),
+        "splade5": write_tiny_splade(root / "splade5", "st5"),
+        "splade6": write_tiny_splade(root / "splade6", "st6", seed=10, pooling="sum", activation="log1p_relu"),
+    }
+
+
+@pytest.fixture(scope="session")
+def issue23_repository(issue23_models: dict[str, Path], shared: SharedRepositories) -> Path:
+    """`m3`, `e5`, `mb` (embed) and `splade5`, `splade6` (sparse-embed), max_batch_tokens 8,192."""
+    models = issue23_models
+    return shared.repository("issue23", [
+        {"model": str(models["m3"]), "task": "embed", "name": "m3"},
+        {"model": str(models["e5"]), "task": "embed", "name": "e5"},
+        {"model": str(models["mb"]), "task": "embed", "name": "mb"},
+        {"model": str(models["splade5"]), "task": "sparse-embed", "name": "splade5"},
+        {"model": str(models["splade6"]), "task": "sparse-embed", "name": "splade6"},
+    ], **PYTHON_CPU, max_batch_size=8, max_batch_tokens=8192)
+
+
+@pytest.fixture(scope="session")
+def issue23_server(issue23_repository: Path, shared: SharedRepositories) -> TritonServer:
+    """A real tritonserver serving `issue23_repository` (killed at the end of the session)."""
+    return shared.server("issue23")
 
 
 def shm_segments(prefix: str) -> list[str]:

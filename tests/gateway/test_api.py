@@ -145,6 +145,8 @@ async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonSer
         ("/classify", {"inputs": ["ok", 3]}, 422, "validation_error"),
         ("/classify", {"inputs": "ok", "unknown_field": 1}, 422, "validation_error"),
         ("/classify", {"inputs": ["a"] * 11}, 413, "too_many_inputs"),
+        ("/v1/embeddings", {"input": [[1]] * 11}, 413, "too_many_inputs"),  # one limit for texts and token ids
+        ("/decode", {"ids": [[1]] * 11}, 413, "too_many_inputs"),
         ("/classify", {"inputs": ["ok", "w " * 20], "truncate": False}, 413, "input_too_long"),
         ("/classify", {"model": "nope", "inputs": "a"}, 404, "model_not_found"),
         ("/classify", {"model": "fakeemb", "inputs": "a"}, 400, "wrong_task"),

@@ -9,7 +9,7 @@ gateway, and compared with their oracles (tiny random checkpoints made offline):
   `_process_token_weights`, `_colbert_embedding`, `_process_colbert_vecs`) in PyTorch: FlagEmbedding itself
   needs `datasets`, `peft` and `ir-datasets`, which the test environment does not carry;
 - `/embed_all` against `last_hidden_state`: cosine >= 0.9999 per token.
-One repository, one tritonserver and one gateway for the whole module."""
+One repository and one tritonserver for the session (tests/gateway/conftest.py), one gateway for the module."""
 
 from __future__ import annotations
 
@@ -26,14 +26,7 @@ from sentence_transformers import SentenceTransformer, SparseEncoder
 from transformers import AutoModel, AutoTokenizer
 
 from devstack.tritonserver import TritonServer
-from tests.fixtures.repository import PYTHON_CPU, build_repository
-from tests.fixtures.tiny_models import (
-    long_text,
-    write_tiny_modernbert,
-    write_tiny_splade,
-    write_tiny_xlmr,
-)
-from tests.fixtures.triton import serving
+from tests.fixtures.tiny_models import long_text
 from tests.gateway.conftest import running_gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -47,36 +40,21 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+# The models, their repository and its tritonserver are session fixtures (tests/gateway/conftest.py), shared with
+# test_response_models.py.
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("issue23_models")
-    return {
-        "m3": write_tiny_xlmr(root / "m3", "bge-m3"),
-        "e5": write_tiny_xlmr(root / "e5", "e5"),
-        "mb": write_tiny_modernbert(root / "mb"),
-        "splade5": write_tiny_splade(root / "splade5", "st5"),
-        "splade6": write_tiny_splade(root / "splade6", "st6", seed=10, pooling="sum", activation="log1p_relu"),
-    }
+def models(issue23_models: dict[str, Path]) -> dict[str, Path]:
+    return issue23_models
 
 
 @pytest.fixture(scope="module")
-def repository(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("issue23_repository") / "model_repository"
-    build_repository(repo, [
-        {"model": str(models["m3"]), "task": "embed", "name": "m3"},
-        {"model": str(models["e5"]), "task": "embed", "name": "e5"},
-        {"model": str(models["mb"]), "task": "embed", "name": "mb"},
-        {"model": str(models["splade5"]), "task": "sparse-embed", "name": "splade5"},
-        {"model": str(models["splade6"]), "task": "sparse-embed", "name": "splade6"},
-    ], **PYTHON_CPU, max_batch_size=8, max_batch_tokens=8192)
-    return repo
+def repository(issue23_repository: Path) -> Path:
+    return issue23_repository
 
 
 @pytest.fixture(scope="module")
-def triton(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    log = tmp_path_factory.mktemp("issue23_logs") / "triton.log"
-    with serving(TritonServer(repository=repository, log_path=log)) as server:
-        yield server
+def triton(issue23_server: TritonServer) -> TritonServer:
+    return issue23_server
 
 
 @pytest.fixture(scope="module")
