@@ -201,8 +201,8 @@ def test_parity_failure_publishes_nothing(
     before = tree_hash(repo)
     real = build_module._onnx_outputs
 
-    def skewed(path: Path, inputs: dict[str, np.ndarray], output: str, device: str) -> np.ndarray:
-        return real(path, inputs, output, device) + np.float32(1e-3)  # a real run, off by more than 1e-4
+    def skewed(path: Path, inputs: dict[str, np.ndarray], output: str, device: str, runtime: str) -> np.ndarray:
+        return real(path, inputs, output, device, runtime) + np.float32(1e-3)  # a real run, off by more than 1e-4
 
     monkeypatch.setattr(build_module, "_onnx_outputs", skewed)
     model = [{"model": str(tiny_classifier_dir), "task": "classify", "name": "tinycls", "max_queue_delay_us": 7}]
