@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = AutoTokenizer.from_pretrained(args.model)(SHORT_TEXT)["input_ids"]
     record: dict[str, object] = {"machine": describe_machine().model_dump(mode="json"), "settings": vars(args) | {
         "repository": str(args.repository), "model": str(args.model), "out": str(args.out)}}
+    args.out.mkdir(parents=True, exist_ok=True)  # the logs go there
     answers: dict[str, float] = {}
     hops: dict[str, float] = {"graph alone (onnxruntime)": float(step_alone_ms(args.repository, len(ids),
                                                                                args.repeats)["median_ms"])}
