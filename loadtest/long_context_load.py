@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--onnx-precision", choices=["fp16", "fp32"],
                    help="the builder's --onnx-precision (default: its own, fp16 on the GPU; fp32: random deep models "
                         "fail fp16 parity, results/h100-23-deep-parity)")
+    p.add_argument("--skip-parity", action="store_true",
+                   help="publish without the parity gate: load time and memory only (random deep models fail fp16 "
+                        "parity on the GPU, results/h100-23-deep-parity; their load does not depend on it)")
     p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, Any] = {**PYTHON_CPU, "device": args.device, "max_batch_size": 64}
     if args.onnx_precision:
         settings["onnx_precision"] = args.onnx_precision
+    if args.skip_parity:
+        settings["skip_parity"] = True
     repos: dict[tuple[str, str], Path] = {}
     for model in args.models.split(","):
         sizes = BASE_SIZES[model] if args.shape == "base" else {}
