@@ -67,7 +67,7 @@ class GatewaySettings(BaseSettings):
         "tokenized inline; others are tokenized together with concurrent ones in a worker thread.",
     )
     max_queue_wait_s: float = Field(
-        1.0, gt=0, description="Admit a request only when the work ahead of it is expected to be done within this "
+        0.8, gt=0, description="Admit a request only when the work ahead of it is expected to be done within this "
         "many seconds (and within 80% of its remaining deadline); else 503 `overloaded` with Retry-After (the "
         "expected time until that work is done). A request's own size never counts.",
     )
