@@ -62,6 +62,7 @@ def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: 
     assert (tmp_path / "t-7-peers" / "peers.png").is_file()
 
 
+@pytest.mark.slow  # a GPU benchmark's CPU smoke run (~4-9 s): `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_modernbert_attention_smoke_compares_fused_and_plain_exports(tmp_path: Path) -> None:
     """The H100 command of issue 23 (loadtest/device/README.md), here with --smoke (tiny model, CPU)."""

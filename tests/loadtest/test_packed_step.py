@@ -13,6 +13,7 @@ import pytest
 from devstack.tritonserver import REPO_ROOT
 
 
+@pytest.mark.slow  # a GPU benchmark's CPU smoke run (~4-9 s): `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_packed_step_smoke_measures_every_graph(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "loadtest", "packed-step", "--smoke", "--name", "t", "--out",
