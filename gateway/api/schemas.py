@@ -341,17 +341,22 @@ class FamilyList(BaseModel):
     data: list[ModelFamily]
 
 
-class EmbedSparseRequest(_Request):
-    """text-embeddings-inference's `POST /embed_sparse` (plus `model` and `backend`)."""
+class _TeiOutputRequest(_Request):
+    """The fields of text-embeddings-inference's `/embed_sparse` and `/embed_all` (plus `backend`)."""
 
-    model: str | None = Field(None, description="Served model NAME; optional when one model with a sparse output "
-                              "is served.", examples=["splade"])
     inputs: Inputs = Field(examples=[["what is deep learning"]])
     truncate: bool = Field(True, description="Truncate texts over max_seq_len (else 413).")
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(None, description="A prompt of the model prepended to every input; default: "
                                     "the model's default prompt, if any.", examples=["query"])
     backend: Backend | None = None
+
+
+class EmbedSparseRequest(_TeiOutputRequest):
+    """text-embeddings-inference's `POST /embed_sparse` (plus `model` and `backend`)."""
+
+    model: str | None = Field(None, description="Served model NAME; optional when one model with a sparse output "
+                              "is served.", examples=["splade"])
 
 
 class SparseValue(BaseModel):
@@ -359,14 +364,8 @@ class SparseValue(BaseModel):
     value: float = Field(description="Its weight (non-zero).", examples=[1.37])
 
 
-class EmbedAllRequest(_Request):
+class EmbedAllRequest(_TeiOutputRequest):
     """text-embeddings-inference's `POST /embed_all` (plus `model` and `backend`); also `/embed_multi_vector`."""
 
     model: str | None = Field(None, description="Served model NAME; optional when one model with per-token "
                               "outputs is served.", examples=["bge-m3"])
-    inputs: Inputs = Field(examples=[["what is deep learning"]])
-    truncate: bool = Field(True, description="Truncate texts over max_seq_len (else 413).")
-    truncation_direction: Direction = "right"
-    prompt_name: str | None = Field(None, description="A prompt of the model prepended to every input; default: "
-                                    "the model's default prompt, if any.", examples=["query"])
-    backend: Backend | None = None
