@@ -26,6 +26,7 @@ def run_loadtest(*args: str, timeout: int = 300) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # a GPU benchmark's CPU smoke run (~5 s): `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_model_step_times_every_variant_and_checks_it_against_pytorch(tmp_path: Path) -> None:
     run_loadtest("model-step", "--name", "t", "--shape", "tiny", "--repeats", "2", "--shapes", "1x16",
