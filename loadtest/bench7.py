@@ -111,11 +111,12 @@ def build(model_dir: Path, repo: Path, args: argparse.Namespace) -> Path:
     return repo
 
 
-def step_alone_ms(repo: Path, width: int, repeats: int = 200) -> dict[str, object]:
-    """The model step alone at batch 1 x `width`: onnxruntime in the stub's environment, same provider as Triton."""
+def step_alone_ms(repo: Path, width: int, repeats: int = 200, vocab: int = 300) -> dict[str, object]:
+    """The model step alone at batch 1 x `width` (token ids below `vocab`): onnxruntime in the stub's environment,
+    same provider as Triton."""
     model = next(repo.glob("*_onnx/1/model.onnx"))
-    result = in_child(time_shapes, {"model": str(model), "shapes": [[1, width]], "warmup": 20, "repeats": repeats},
-                      python=step_python())
+    result = in_child(time_shapes, {"model": str(model), "shapes": [[1, width]], "warmup": 20, "repeats": repeats,
+                                    "vocab": vocab}, python=step_python())
     return {"median_ms": result["runs"][0]["median_ms"], "providers": result["providers"]}
 
 

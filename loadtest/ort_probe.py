@@ -105,10 +105,10 @@ def open_session(path: str | Path, provider_names: Sequence[str] | None = None, 
     return ort.InferenceSession(str(path), sess_options=session_options, providers=chosen)
 
 
-def uniform_feed(input_names: set[str], rows: int, width: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """`rows` rows of `width` tokens (ids 5..299, no padding) as the graph takes them: [rows, width] tensors, or
-    the same rows back to back for a packed step's graph (contract/packing.py)."""
-    ids = np.random.default_rng(seed).integers(5, 300, size=(rows, width), dtype=np.int32)
+def uniform_feed(input_names: set[str], rows: int, width: int, seed: int = 0, vocab: int = 300) -> dict[str, np.ndarray]:
+    """`rows` rows of `width` tokens (ids 5..vocab-1, no padding) as the graph takes them: [rows, width] tensors,
+    or the same rows back to back for a packed step's graph (contract/packing.py)."""
+    ids = np.random.default_rng(seed).integers(5, vocab, size=(rows, width), dtype=np.int32)
     if CU_SEQLENS in input_names:
         feed = from_rows(list(ids)).feed()
     else:
@@ -184,15 +184,15 @@ def _error(exc: BaseException) -> str:
 # ---- jobs (the child's side) -----------------------------------------------------------------------------
 
 def time_shapes(spec: Spec) -> dict[str, Any]:
-    """spec: model (path), shapes [[rows, width], ...], warmup (calls, default 5), repeats (calls, default 5) and
-    seconds (time per shape, default 0): median and p99 ms per shape."""
+    """spec: model (path), shapes [[rows, width], ...], warmup (calls, default 5), repeats (calls, default 5),
+    seconds (time per shape, default 0) and vocab (ids below it, default 300): median and p99 ms per shape."""
     import onnxruntime as ort
 
     session = open_session(spec["model"])
     names = {i.name for i in session.get_inputs()}
     runs = []
     for rows, width in spec["shapes"]:
-        feed = uniform_feed(names, rows, width)
+        feed = uniform_feed(names, rows, width, vocab=spec.get("vocab", 300))
         for _ in range(spec.get("warmup", 5)):
             session.run(None, feed)
         times: list[float] = []

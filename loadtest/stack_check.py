@@ -154,13 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = make_corpus(CorpusSpec(size=args.texts))
     from transformers import AutoTokenizer
 
-    ids = AutoTokenizer.from_pretrained(args.model)(SHORT_TEXT)["input_ids"]
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    ids = tokenizer(SHORT_TEXT)["input_ids"]
     record: dict[str, object] = {"machine": describe_machine().model_dump(mode="json"), "settings": vars(args) | {
         "repository": str(args.repository), "model": str(args.model), "out": str(args.out)}}
     args.out.mkdir(parents=True, exist_ok=True)  # the logs go there
     answers: dict[str, float] = {}
     hops: dict[str, float] = {"graph alone (onnxruntime)": float(step_alone_ms(args.repository, len(ids),
-                                                                               args.repeats)["median_ms"])}
+                                                                               args.repeats, len(tokenizer))["median_ms"])}
     with TritonServer(repository=args.repository, log_path=args.out / "triton.log", startup_timeout_s=300) as triton:
         import tritonclient.grpc as grpcclient
 
