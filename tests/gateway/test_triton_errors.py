@@ -27,6 +27,7 @@ from devstack.tritonserver import TritonServer, free_port
 from gateway.errors import ErrorKind, ErrorType
 from gateway.triton.client import _in_use, _repository_error, _shm_missing, _status, translate_error
 from tests.fixtures.triton import serving
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -100,19 +101,11 @@ async def test_a_region_a_request_holds_cannot_be_unregistered(
     output.set_shared_memory(name, 32, 0)
     holder: asyncio.Future[object] | None = None
     try:
-        refused: InferenceServerException | None = None
-        for _ in range(20):
-            await grpc.register_system_shared_memory(name, key, 256)
-            holder = asyncio.ensure_future(grpc.infer("fakeemb_onnx", texts(f"hold:{gate} a"), outputs=[output]))
-            await grpc.is_server_live()  # a round trip behind the holder's request
-            try:
-                await grpc.unregister_system_shared_memory(name)
-            except InferenceServerException as exc:
-                refused = exc
-                break
-            # unregistered before the holder's request reached Triton: that one fails on the unknown region
-            await asyncio.gather(holder, return_exceptions=True)
-        assert refused is not None
+        await grpc.register_system_shared_memory(name, key, 256)
+        holder = asyncio.ensure_future(grpc.infer("fakeemb_onnx", texts(f"hold:{gate} a"), outputs=[output]))
+        held = tmp_path / "gate.held"  # the fake model makes it once the call is inside it
+        await until(held.exists, "the holding call inside the model")
+        refused = await failure(grpc.unregister_system_shared_memory(name))
         assert _status(refused) == "INTERNAL" and "it is currently in use" in refused.message()
         assert _in_use(refused)
     finally:
