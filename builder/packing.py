@@ -7,13 +7,14 @@ From the optimizer's MultiHeadAttention-fused graph (fp16 on GPU builds), in two
    Its interface is still padded ([B, S] ids + mask), and RemovePadding reads the token count back
    to the host once per call.
 2. The rewrite to the truly packed interface `input_ids [T]`, `token_type_ids [T]`,
-   `cu_seqlens [B + 1]`, `max_seqlen [1]` (int32), output `[B, out]`: RemovePadding and
-   RestorePadding are gone; onnxruntime's `token_offset` (a permutation of the B x max_seqlen
-   slots, real tokens first), each token's position and its row are computed in the graph from
-   `cu_seqlens` (no value of it flows into a shape, so nothing is copied back to the host); the
-   embeddings run on the T tokens with position ids restarting per row (plus the RoBERTa/XLM-R
-   offset); pooling (mean, CLS, last token) and the classifier head run on [T, H]; per-token outputs
-   (the last hidden state, bge-m3's heads) come out [T, ...], their ops' axes adapted.
+   `cu_seqlens [B + 1]`, plus the index tensors the runner derives from cu_seqlens on the host
+   (contract/packing.py `PackedRows.feed`): `token_offset [B, S]` (onnxruntime's RemovePadding layout,
+   S the longest row), `position_ids [T]` and, for mean pooling, `token_rows [T]` and `row_ids [B]`
+   (int32), output `[B, out]`. RemovePadding and RestorePadding are gone; no value becomes a shape
+   and nothing is copied back to the host inside the graph; the embeddings run on the T tokens with
+   the fed position ids (plus the RoBERTa/XLM-R offset); pooling (mean, CLS, last token) and the
+   classifier head run on [T, H]; per-token outputs (the last hidden state, bge-m3's heads) come out
+   [T, ...], their ops' axes adapted.
 
 Two forms of the same contract:
 - GPU form (`gpu`): PackedMultiHeadAttention, which onnxruntime's CUDA provider runs with
@@ -21,7 +22,7 @@ Two forms of the same contract:
   session refuses the graph, naming the op.
 - CPU form (`cpu`): the same graph, every node shared except attention: each PackedMultiHeadAttention
   becomes the CPU MultiHeadAttention op on that layer's tokens scattered into [B, max_seqlen] rows
-  with the graph's own token_offset (attention only is padded; the GEMMs run on [T, H]), gathered
+  with the fed token_offset (attention only is padded; the GEMMs run on [T, H]), gathered
   back to [T, H] after.
 """
 
@@ -32,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from builder.graph_edit import (
     MS_DOMAIN,
@@ -46,7 +47,7 @@ from builder.graph_edit import (
     the_node,
     topological_sort,
 )
-from contract import CU_SEQLENS, INPUT_IDS, MAX_SEQLEN, TOKEN_TYPE_IDS
+from contract import CU_SEQLENS, INPUT_IDS, POSITION_IDS, ROW_IDS, TOKEN_OFFSET, TOKEN_ROWS, TOKEN_TYPE_IDS
 
 PackedForm = Literal["gpu", "cpu"]
 GPU_ATTENTION = "PackedMultiHeadAttention"  # what the builder ships (FlashAttention varlen on SM90)
@@ -78,7 +79,44 @@ def packed_model(optimized: onnx.ModelProto, *, task: str, pooling: str | None, 
     """The packed graph (GPU or CPU form) of an optimized graph with fused MultiHeadAttention (or Attention)."""
     packed = truly_packed(ort_packing_mode(optimized, num_heads, hidden_size), task=task, pooling=pooling,
                           offset=offset)
-    return packed if form == "gpu" else cpu_form(packed)
+    return merge_qkv(packed) if form == "gpu" else cpu_form(packed)
+
+
+def merge_qkv(packed: onnx.ModelProto) -> onnx.ModelProto:
+    """The GPU form's query, key and value projections as one GEMM per layer (in place; returns `packed`).
+
+    PackedMultiHeadAttention reads a packed QKV input [T, N, 3, head] (query alone, key and value empty) and adds
+    its bias, still laid out [q | k | v], itself (onnxruntime's packed_multihead_attention_impl.cu, the TN3H
+    kernels). So the three [H, H] weights become one [H, 3H] whose columns go head by head (q, k, v of head 0,
+    then of head 1, ...), and a Reshape to [T, N, 3, head] feeds the attention: three MatMuls become a MatMul and
+    a Reshape, a wider GEMM at the small token counts where launches dominate. A layer whose three projections are
+    not plain MatMuls of one input by constant weights is left as it is."""
+    g = packed.graph
+    made_by = producers(g)
+    inits = {i.name: i for i in g.initializer}
+    w = NodeWriter(g, "qkv/")
+    for node in [n for n in g.node if n.op_type == GPU_ATTENTION]:
+        projections = [made_by.get(name) for name in node.input[:3]]
+        if any(p is None or p.op_type != "MatMul" or p.input[1] not in inits for p in projections):
+            continue
+        if len({p.input[0] for p in projections}) != 1 or any(len(consumers(g, p.output[0])) != 1 for p in projections):
+            continue
+        heads = int(attribute(node, "num_heads"))
+        weights = [numpy_helper.to_array(inits[p.input[1]]) for p in projections]
+        if len({wt.shape for wt in weights}) != 1 or weights[0].shape[1] % heads:
+            continue
+        hidden, width = weights[0].shape
+        head = width // heads
+        # [H, 3, N, head] -> [H, N, 3, head] -> [H, N * 3 * head]
+        merged = np.stack(weights, axis=1).reshape(hidden, 3, heads, head).transpose(0, 2, 1, 3).reshape(hidden, -1)
+        qkv = w.op("MatMul", [projections[0].input[0], w.const("weight", merged)])
+        node.input[0] = w.op("Reshape", [qkv, w.const("shape", [0, heads, 3, head], np.int64)])
+        node.input[1], node.input[2] = "", ""
+        for projection in projections:
+            g.node.remove(projection)
+    prune(g, [o.name for o in g.output])
+    topological_sort(g)
+    return packed
 
 
 def ort_packing_mode(optimized: onnx.ModelProto, num_heads: int, hidden_size: int) -> onnx.ModelProto:
@@ -102,54 +140,36 @@ def ort_packing_mode(optimized: onnx.ModelProto, num_heads: int, hidden_size: in
 
 @dataclass(frozen=True)
 class _Indices:
-    """Tensors of the in-graph index arithmetic (int32)."""
+    """Row bounds computed in the graph from cu_seqlens (int32, [B] each; only what is read stays, prune drops
+    the rest), and the index tensors the runner feeds (contract/packing.py)."""
 
-    starts: str  # [B] first token of each row
-    ends: str  # [B] one past its last token
-    lengths: str  # [B]
-    rows: str  # [1] B
-    token_offset: str  # [B, S] onnxruntime's RemovePadding layout
-    positions: str  # [T] position of each token in its row
-    row_of_token: str  # [T]
+    starts: str  # first token of each row
+    ends: str  # one past its last token
+    lengths: str
+    token_offset: str = TOKEN_OFFSET  # [B, S] onnxruntime's RemovePadding layout
+    positions: str = POSITION_IDS  # [T] position of each token in its row
 
 
 def _indices(w: NodeWriter) -> _Indices:
-    """From cu_seqlens [B+1] and max_seqlen [1] (S), with T = len(input_ids):
-      valid[b, s] = s < lengths[b];  flat[b, s] = b*S + s
-      dest[b, s]  = starts[b] + s (valid: the token's packed index) or T + flat[b, s] - ends[b] (padding slots,
-                    ranked after the T tokens)
-      token_offset = ScatterElements(flat, dest, flat): real tokens' slots in packed order, then the padding slots
-      position = token_offset[:T] mod S;  row = token_offset[:T] div S
-    Shapes come from Shape(...) and the host-filled max_seqlen only: no value of cu_seqlens becomes a shape."""
+    """Row bounds from cu_seqlens [B+1]: two Slices and a Sub on the GPU. Everything that needs the longest row
+    or a token's row (token_offset, position_ids, token_rows, row_ids) is a graph input the host fills: computed
+    in the graph they took ~45 nodes, some of them on the CPU behind a device-to-host copy, on every call."""
     zero, one, last = w.const("zero", [0], np.int64), w.const("one", [1], np.int64), w.const("last", [-1], np.int64)
-    axis0, axis1 = w.const("axis0", [0], np.int64), w.const("axis1", [1], np.int64)
+    axis0 = w.const("axis0", [0], np.int64)
     starts = w.op("Slice", [CU_SEQLENS, zero, last, axis0])
     ends = w.op("Slice", [CU_SEQLENS, one, w.const("end", [2**31 - 1], np.int64), axis0])
-    lengths = w.op("Sub", [ends, starts])
-    total = w.op("Cast", [w.op("Shape", [INPUT_IDS])], to=_I32)
-    rows = w.op("Cast", [w.op("Shape", [starts])], to=_I32)
-
-    def count(n: str) -> str:  # Range(0, n) as int32
-        return w.op("Range", [w.const("r0", 0, np.int32), w.op("Squeeze", [n, axis0]), w.const("r1", 1, np.int32)])
-
-    slot = w.op("Unsqueeze", [count(MAX_SEQLEN), axis0])  # [1, S]
-    valid = w.op("Less", [slot, w.op("Unsqueeze", [lengths, axis1])])  # [B, S]
-    flat = w.op("Add", [w.op("Unsqueeze", [w.op("Mul", [count(rows), MAX_SEQLEN]), axis1]), slot])
-    dest_real = w.op("Add", [w.op("Unsqueeze", [starts, axis1]), slot])
-    dest_pad = w.op("Sub", [w.op("Add", [flat, total]), w.op("Unsqueeze", [ends, axis1])])
-    dest = w.op("Where", [valid, dest_real, dest_pad])
-    flat_1d = w.op("Reshape", [flat, last])
-    offset_1d = w.op("ScatterElements", [flat_1d, w.op("Reshape", [dest, last]), flat_1d], axis=0)
-    token_offset = w.op("Reshape", [offset_1d, w.op("Shape", [valid])])
-    real = w.op("Slice", [offset_1d, zero, w.op("Shape", [INPUT_IDS]), axis0])  # [T]
-    return _Indices(starts=starts, ends=ends, lengths=lengths, rows=rows, token_offset=token_offset,
-                    positions=w.op("Mod", [real, MAX_SEQLEN]), row_of_token=w.op("Div", [real, MAX_SEQLEN]))
+    return _Indices(starts=starts, ends=ends, lengths=w.op("Sub", [ends, starts]))
 
 
-def _pool(w: NodeWriter, hidden: str, idx: _Indices, pooling: str, float16: bool) -> str:
-    """[T, H] -> [B, H] float32. Mean: a [B, T] membership matrix (1 where the token is the row's) times the
-    hidden states, divided by the lengths: one GEMM, deterministic, 2*B*T*H flops (B / (144 * H) of a 12-layer
-    encoder's work)."""
+def _add_input(g: onnx.GraphProto, name: str, dims: list[str]) -> None:
+    if not any(i.name == name for i in g.input):
+        g.input.append(helper.make_tensor_value_info(name, _I32, dims))
+
+
+def _pool(w: NodeWriter, g: onnx.GraphProto, hidden: str, idx: _Indices, pooling: str, float16: bool) -> str:
+    """[T, H] -> [B, H] float32. Mean: a [B, T] membership matrix (1 where the token is the row's: row_ids
+    against token_rows, both fed) times the hidden states, divided by the lengths: one GEMM, deterministic,
+    2*B*T*H flops (B / (144 * H) of a 12-layer encoder's work)."""
     axis0, axis1 = w.const("axis0", [0], np.int64), w.const("axis1", [1], np.int64)
     if pooling in ("cls", "lasttoken"):
         index = idx.starts if pooling == "cls" else w.op("Sub", [idx.ends, w.const("one", [1], np.int32)])
@@ -157,10 +177,10 @@ def _pool(w: NodeWriter, hidden: str, idx: _Indices, pooling: str, float16: bool
         return w.op("Cast", [picked], to=_F32) if float16 else picked
     if pooling != "mean":
         raise PackingError(f"pooling {pooling!r} has no packed form")
+    _add_input(g, TOKEN_ROWS, ["tokens"])
+    _add_input(g, ROW_IDS, ["rows"])
     hidden32 = w.op("Cast", [hidden], to=_F32) if float16 else hidden
-    row_index = w.op("Range", [w.const("r0", 0, np.int32), w.op("Squeeze", [idx.rows, axis0]),
-                               w.const("r1", 1, np.int32)])
-    member = w.op("Equal", [w.op("Unsqueeze", [row_index, axis1]), w.op("Unsqueeze", [idx.row_of_token, axis0])])
+    member = w.op("Equal", [w.op("Unsqueeze", [ROW_IDS, axis1]), w.op("Unsqueeze", [TOKEN_ROWS, axis0])])
     sums = w.op("MatMul", [w.op("Cast", [member], to=_F32), hidden32])
     return w.op("Div", [sums, w.op("Unsqueeze", [w.op("Cast", [idx.lengths], to=_F32), axis1])])
 
@@ -183,7 +203,8 @@ def truly_packed(model: onnx.ModelProto, *, task: str, pooling: str | None, offs
     g.input.extend([helper.make_tensor_value_info(INPUT_IDS, _I32, ["tokens"]),
                     helper.make_tensor_value_info(TOKEN_TYPE_IDS, _I32, ["tokens"]),
                     helper.make_tensor_value_info(CU_SEQLENS, _I32, ["rows_plus_1"]),
-                    helper.make_tensor_value_info(MAX_SEQLEN, _I32, [1])])
+                    helper.make_tensor_value_info(TOKEN_OFFSET, _I32, ["rows", "max_seqlen"]),
+                    helper.make_tensor_value_info(POSITION_IDS, _I32, ["tokens"])])
     idx = _indices(w)
     positions = idx.positions
     if offset:
@@ -201,7 +222,7 @@ def truly_packed(model: onnx.ModelProto, *, task: str, pooling: str | None, offs
     if task == "embed":
         for node in [n for n in g.node if output.name in n.output]:
             g.node.remove(node)  # the padded pooling; prune drops what only it read
-        w.op("Identity", [_pool(w, packed_hidden, idx, pooling or "mean", float16)], [output.name])
+        w.op("Identity", [_pool(w, g, packed_hidden, idx, pooling or "mean", float16)], [output.name])
         # per-token outputs: their ops (or the output itself) now read the packed [T, hidden] states
         w.op("Identity", [packed_hidden], [restored])
     else:
@@ -387,9 +408,10 @@ def cpu_form(packed: onnx.ModelProto) -> onnx.ModelProto:
     lengths = w.op("Sub", [w.op("Slice", [CU_SEQLENS, w.const("one", [1], np.int64),
                                           w.const("end", [2**31 - 1], np.int64), axis0]),
                            w.op("Slice", [CU_SEQLENS, zero, last, axis0])])
-    slot = w.op("Range", [w.const("s0", 0, np.int32), w.op("Squeeze", [MAX_SEQLEN, axis0]),
-                          w.const("s1", 1, np.int32)])
-    mask = w.op("Cast", [w.op("Less", [w.op("Unsqueeze", [slot, axis0]), w.op("Unsqueeze", [lengths, axis1])])],
+    longest = w.op("Slice", [slots_shape, w.const("s_at", [1], np.int64), w.const("s_end", [2], np.int64), axis0])
+    slot = w.op("Range", [w.const("s0", 0, np.int64), w.op("Squeeze", [longest, axis0]), w.const("s1", 1, np.int64)])
+    mask = w.op("Cast", [w.op("Less", [w.op("Unsqueeze", [slot, axis0]),
+                                       w.op("Unsqueeze", [w.op("Cast", [lengths], to=_I64), axis1])])],
                 to=_I32)  # [B, S], 1 on real tokens
     width_slice = (w.const("w0", [1], np.int64), w.const("w1", [2], np.int64))
 
@@ -407,6 +429,9 @@ def cpu_form(packed: onnx.ModelProto) -> onnx.ModelProto:
             rows = w.op("Attention", [to_rows(x), weights, bias, mask], domain=MS_DOMAIN, **attrs)
         else:
             q, k, v, bias = node.input[:4]
+            if not k:  # packed QKV [T, N, 3, head] (merge_qkv): back to three [T, N * head]
+                q, k, v = (w.op("Reshape", [w.op("Gather", [q, w.const("which", index, np.int64)], axis=2),
+                                            w.const("flat", [0, -1], np.int64)]) for index in (0, 1, 2))
             rows = w.op(CPU_ATTENTION, [to_rows(q), to_rows(k), to_rows(v), bias, mask], domain=MS_DOMAIN, **attrs)
         depth = w.op("Slice", [w.op("Shape", [rows]), w.const("d0", [2], np.int64), w.const("d1", [3], np.int64),
                                axis0])

@@ -44,7 +44,11 @@ NUM_TOKENS = "num_tokens"
 # least one token), and gets its output rows [rows, width]. Padded requests ([rows, width] ids and
 # attention_mask, as the ensembles send them) are served by the same step.
 CU_SEQLENS = "cu_seqlens"
-MAX_SEQLEN = "max_seqlen"  # input [1] int32 of a packed graph: at least the longest row (the runner fills it)
+# Inputs of the packed graph itself that the runner derives from cu_seqlens on the host (contract/packing.py):
+TOKEN_OFFSET = "token_offset"  # [rows, longest row] int32: onnxruntime's RemovePadding layout
+POSITION_IDS = "position_ids"  # [T] int32: each token's position in its row
+TOKEN_ROWS = "token_rows"  # [T] int32: each token's row (mean pooling)
+ROW_IDS = "row_ids"  # [rows] int32: 0 .. rows-1 (mean pooling)
 Layout = Literal["padded", "packed"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 OUTPUTS: dict[Task, str] = {"classify": "logits", "embed": "embeddings", "rerank": "logits",

@@ -2,7 +2,15 @@
 
     input_ids, token_type_ids  [T]      int32  every row's real tokens, row 0 first
     cu_seqlens                 [B + 1]  int32  0, end of row 0, ..., T (strictly increasing: no empty row)
-    max_seqlen                 [1]      int32  at least the longest row (what the attention kernels plan for)
+
+The packed graph also reads index tensors derived from cu_seqlens (`PackedRows.feed`), computed here on
+the host with numpy in microseconds rather than in the graph, where they took ~45 small GPU and CPU
+nodes and a device-to-host copy per call:
+
+    token_offset               [B, S]   int32  onnxruntime's RemovePadding layout (S: the longest row)
+    position_ids               [T]      int32  each token's position in its row, from 0
+    token_rows                 [T]      int32  each token's row (mean pooling only)
+    row_ids                    [B]      int32  0 .. B-1 (mean pooling only)
 
 One definition for everyone who makes or reads that layout: the gateway (which packs its batches),
 the python-backend runner (which packs padded requests, checks packed ones, merges every request of
@@ -13,7 +21,7 @@ and numpy may be imported here; the tensor names below equal contract/__init__.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +29,11 @@ import numpy as np
 INPUT_IDS = "input_ids"
 TOKEN_TYPE_IDS = "token_type_ids"
 CU_SEQLENS = "cu_seqlens"
-MAX_SEQLEN = "max_seqlen"
+TOKEN_OFFSET = "token_offset"
+POSITION_IDS = "position_ids"
+TOKEN_ROWS = "token_rows"
+ROW_IDS = "row_ids"
+GRAPH_INPUTS = (INPUT_IDS, TOKEN_TYPE_IDS, CU_SEQLENS, TOKEN_OFFSET, POSITION_IDS, TOKEN_ROWS, ROW_IDS)
 # A run's rows x tokens, bounded: a packed graph's mean pooling multiplies a [rows, tokens] float32
 # membership matrix with the hidden states (one deterministic GEMM); 2**26 cells are 256 MiB.
 MAX_RUN_CELLS = 1 << 26
@@ -51,17 +63,37 @@ class PackedRows:
     def lengths(self) -> np.ndarray:
         return np.diff(self.cu_seqlens)
 
-    def feed(self) -> dict[str, np.ndarray]:
-        """The packed graph's four inputs; `max_seqlen` is the longest row."""
-        longest = int(self.lengths.max()) if self.rows else 0
-        return {INPUT_IDS: self.input_ids, TOKEN_TYPE_IDS: self.token_type_ids, CU_SEQLENS: self.cu_seqlens,
-                MAX_SEQLEN: np.array([longest], np.int32)}
+    def feed(self, names: Collection[str] = GRAPH_INPUTS) -> dict[str, np.ndarray]:
+        """The packed graph's inputs named in `names` (a session's input names: a graph without mean pooling
+        reads no token_rows/row_ids, and onnxruntime refuses inputs a graph does not declare)."""
+        lengths = self.lengths
+        starts = np.repeat(self.cu_seqlens[:-1], lengths)  # each token's row start
+        feed = {INPUT_IDS: self.input_ids, TOKEN_TYPE_IDS: self.token_type_ids, CU_SEQLENS: self.cu_seqlens}
+        if TOKEN_OFFSET in names:
+            feed[TOKEN_OFFSET] = token_offset(lengths)
+        if POSITION_IDS in names:
+            feed[POSITION_IDS] = (np.arange(self.tokens, dtype=np.int32) - starts).astype(np.int32, copy=False)
+        if TOKEN_ROWS in names:
+            feed[TOKEN_ROWS] = np.repeat(np.arange(self.rows, dtype=np.int32), lengths)
+        if ROW_IDS in names:
+            feed[ROW_IDS] = np.arange(self.rows, dtype=np.int32)
+        return {name: value for name, value in feed.items() if name in names}
 
     def slice_rows(self, start: int, stop: int) -> PackedRows:
         """Rows start..stop-1 as a batch of their own (cu_seqlens re-based to 0)."""
         first, last = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])
         return PackedRows(self.input_ids[first:last], self.token_type_ids[first:last],
                           (self.cu_seqlens[start:stop + 1] - first).astype(np.int32))
+
+
+def token_offset(lengths: np.ndarray) -> np.ndarray:
+    """onnxruntime's RemovePadding layout [rows, S] for rows of `lengths` (S: the longest): the padded slot
+    b*S+s of every real token in packed order, then every padding slot in order (getTokenOffset in its
+    contrib_ops/cuda/bert/bert_padding.cu). PackedMultiHeadAttention reads S from this tensor's shape."""
+    rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
+    slots = np.arange(rows * width, dtype=np.int32).reshape(rows, width)
+    real = np.arange(width)[None, :] < lengths[:, None]
+    return np.concatenate([slots[real], slots[~real]]).reshape(rows, width)
 
 
 def cu_seqlens_of(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ fusion (PackedAttention: CUTLASS memory-efficient attention on SM90, TensorRT fu
 Batch sets drawn from the loadtest corpus (tokenized with the model's tokenizer, at most 512 tokens):
 random draws of 32 and of 128 texts, and length-sorted runs of 32. The padded graph gets each batch padded
 to the declared width above its longest row (contract/batching.py default_widths), as a padded GPU step
-runs; the packed graphs get the rows back to back (contract/packing.py), max_seqlen = the longest row.
+runs; the packed graphs get the rows back to back with their index tensors (contract/packing.py `feed`).
 Per graph, in a child process of `--ort-python` (onnxruntime's CUDA provider; `run` with numpy inputs and
 outputs, as the python runner calls it): median ms per batch, real tokens/s, computed/real tokens, min
 cosine per row vs PyTorch fp32 on the first batches of every set (gate 0.9999), nodes per execution
@@ -53,22 +53,24 @@ from loadtest.ort_probe import (
     seconds,
 )
 
-SETS = ("random32", "random128", "sorted32")
+SETS = ("random1", "random8", "random32", "random128", "sorted32")
 GATE = 0.9999
 # builder padded (fp16), builder packed (fp16), builder packed fp32 (onnxruntime's unfused CUDA path, the one that
 # reads token_offset: its parity matters), the PackedAttention rewrite of the padded graph (fp16)
-GRAPHS = ("padded", "packed", "packed_fp32", "packed_attention")
+# packed_before: --before-graph, a packed graph built by an older builder (e.g. the in-graph index arithmetic and three
+# QKV GEMMs per layer before 2026-11-24), fed what it declares
+GRAPHS = ("padded", "packed_before", "packed", "packed_fp32", "packed_attention")
 
 
 # ---- batches ---------------------------------------------------------------------------------------------
 
 def draw_batches(lengths: list[int], draws: int, seed: int = 1) -> dict[str, list[list[int]]]:
-    """Text indices of each batch set: random draws of 32 and 128, and length-sorted runs of 32 spread over the
-    length distribution."""
+    """Text indices of each batch set: random draws of 1, 8, 32 and 128 (the small ones are where launches, not
+    FLOPs, bound a call), and length-sorted runs of 32 spread over the length distribution."""
     rng = np.random.default_rng(seed)
     n = len(lengths)
     sets = {f"random{rows}": [rng.choice(n, min(rows, n), replace=False).tolist() for _ in range(draws)]
-            for rows in (32, 128)}
+            for rows in (1, 8, 32, 128)}
     order = np.argsort(lengths, kind="stable")
     starts = np.linspace(0, max(0, n - 32), draws).astype(int)
     sets["sorted32"] = [order[s:s + 32].tolist() for s in starts]
@@ -85,8 +87,13 @@ def padded_feed(rows: list[np.ndarray], widths: tuple[int, ...]) -> dict[str, np
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
 
 
-def packed_feed(rows: list[np.ndarray]) -> dict[str, np.ndarray]:
-    return from_rows(rows).feed()
+def packed_feed(rows: list[np.ndarray], declared: set[str]) -> dict[str, np.ndarray]:
+    """The packed graph's inputs it declares; a graph of an older builder also reads `max_seqlen` [1]."""
+    packed = from_rows(rows)
+    feed = packed.feed(declared)
+    if "max_seqlen" in declared:
+        feed["max_seqlen"] = np.array([packed.lengths.max()], np.int32)
+    return feed
 
 
 # ---- onnxruntime (in a child process: loadtest.ort_probe) ------------------------------------------------
@@ -106,7 +113,7 @@ def cold_shapes(path: str, provider_names: list[str], texts: list[np.ndarray], p
     out = []
     for rows, width in dict.fromkeys((rows, min(width, longest)) for rows, width in shapes):
         chosen = [np.resize(texts[i % len(texts)], width) for i in range(rows)]
-        feed = packed_feed(chosen) if packed else padded_feed(chosen, widths)
+        feed = packed_feed(chosen, {i.name for i in session.get_inputs()}) if packed else padded_feed(chosen, widths)
         first, second = (seconds(lambda: session.run(_first_output(session), feed)) * 1e3 for _ in range(2))
         out.append({"rows": rows, "width": width, "tokens": rows * width, "first_ms": round(first, 2),
                     "second_ms": round(second, 2)})
@@ -129,12 +136,14 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
         packed = name != "padded"
         entry: dict[str, Any] = result["graphs"].setdefault(name, {})
 
-        def feed(members: list[int], packed: bool = packed) -> dict[str, np.ndarray]:
-            rows = [texts[i] for i in members]
-            return packed_feed(rows) if packed else padded_feed(rows, widths)
-
         started = time.perf_counter()
         session = open_session(path, names)
+        declared = {i.name for i in session.get_inputs()}
+
+        def feed(members: list[int], packed: bool = packed, declared: set[str] = declared) -> dict[str, np.ndarray]:
+            rows = [texts[i] for i in members]
+            return packed_feed(rows, declared) if packed else padded_feed(rows, widths)
+
         entry["load_s"] = round(time.perf_counter() - started, 2)
         profiler = open_session(path, names, profile_prefix=str(work / f"profile_{name}"))
         profiler.run(_first_output(profiler), feed(sets["random32"][0]))
@@ -149,6 +158,8 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
         entry["parity_passed"] = entry["min_cosine"] >= GATE
         for set_name, batches in sets.items():
             feeds = [feed(m) for m in batches]
+            # what the runner adds on the host per call (packing, index tensors); outside the timed runs below
+            host = medians_in_turns([lambda m=m: feed(m) for m in batches], spec["rounds"])
             runs = [lambda f=f: session.run(_first_output(session), f) for f in feeds]
             times = medians_in_turns(runs, spec["rounds"])
             real = [sum(len(texts[i]) for i in m) for m in batches]
@@ -156,7 +167,8 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
             entry[set_name] = {"ms_per_batch": round(float(np.median(times)) * 1e3, 3),
                                "real_tokens_per_s": round(sum(real) / sum(times)),
                                "computed_per_real": round(sum(computed) / sum(real), 3),
-                               "rows": len(batches[0]), "batches": len(batches)}
+                               "rows": len(batches[0]), "batches": len(batches),
+                               "host_feed_ms": round(float(np.median(host)) * 1e3, 3)}
         del session
         entry["cold"] = cold_shapes(path, names, texts, packed, widths)
         print(f"onnxruntime {name}: {json.dumps({k: v for k, v in entry.items() if k != 'cold'})}", flush=True)
@@ -229,9 +241,9 @@ def torch_peers(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[l
                                                                      "token_type_ids"))).float().cpu().numpy()
 
     def run_packed(members: list[int]) -> np.ndarray:
-        feed = packed_feed([texts[i] for i in members])
-        args = [torch.from_numpy(feed[k]).to(dev) for k in ("input_ids", "token_type_ids", "cu_seqlens")]
-        return packed_output(eager, *args, int(feed["max_seqlen"][0]), attention).float().cpu().numpy()
+        rows = from_rows([texts[i] for i in members])
+        args = [torch.from_numpy(a).to(dev) for a in (rows.input_ids, rows.token_type_ids, rows.cu_seqlens)]
+        return packed_output(eager, *args, int(rows.lengths.max()), attention).float().cpu().numpy()
 
     peers: dict[str, Any] = {"torch": f"{torch.__version__} {dev} {str(dtype).removeprefix('torch.')}"}
     for label, run in (("torch_sdpa_padded", run_sdpa), ("torch_packed_varlen", run_packed)):
@@ -281,8 +293,8 @@ def summarize(record: dict[str, Any]) -> list[str]:
     lines = [f"- onnxruntime {record['onnxruntime']['onnxruntime']} {record['onnxruntime']['providers']}; "
              f"torch {record['torch'].get('torch')}; bert shape `{record['shape']}`; {record['texts']} corpus texts; "
              f"median of {record['rounds']} runs per batch", "",
-             "| graph | batches | ms/batch | real tokens/s | computed/real | speedup vs padded |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+             "| graph | batches | ms/batch | real tokens/s | computed/real | speedup vs padded | host feed ms |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for set_name in SETS:
         base = ort_graphs.get("padded", {}).get(set_name, {}).get("real_tokens_per_s")
         for name in GRAPHS:
@@ -290,13 +302,13 @@ def summarize(record: dict[str, Any]) -> list[str]:
             if row:
                 speedup = f"{row['real_tokens_per_s'] / base:.2f}x" if base else "-"
                 lines.append(f"| {name} | {set_name} | {row['ms_per_batch']:.2f} | {row['real_tokens_per_s']:,} | "
-                             f"{row['computed_per_real']:.2f} | {speedup} |")
+                             f"{row['computed_per_real']:.2f} | {speedup} | {row.get('host_feed_ms', '-')} |")
         for name in ("torch_sdpa_padded", "torch_packed_varlen"):
             row = record["torch"].get(name, {}).get(set_name)
             if row:
                 speedup = f"{row['real_tokens_per_s'] / base:.2f}x" if base else "-"
                 lines.append(f"| {name} | {set_name} | {row['ms_per_batch']:.2f} | {row['real_tokens_per_s']:,} | - | "
-                             f"{speedup} |")
+                             f"{speedup} | - |")
     lines += ["", "| graph | min cosine vs PyTorch fp32 (gate 0.9999) | fused ops | Memcpy nodes | nodes per provider | "
               "CPU ops |", "| --- | ---: | --- | --- | --- | --- |"]
     for name in GRAPHS:
@@ -332,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus-size", type=int, default=4000)
     parser.add_argument("--ort-python", default=sys.executable, help="python with onnxruntime-gpu importable")
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the plumbing in seconds")
+    parser.add_argument("--before-graph", type=Path, help="a packed model.onnx of an older builder, for before/after")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -359,6 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     sets = draw_batches([len(t) for t in texts], args.draws)
     log(f"corpus: {len(texts)} texts, {sum(map(len, texts))} tokens; building the packed and padded steps")
     graphs = build_graphs(model_dir, work, device, max_seq_len)
+    if args.before_graph:
+        from builder.optimize import FUSED_OPS, onnx_op_counts
+
+        counts = onnx_op_counts(args.before_graph)
+        graphs["packed_before"] = {"path": str(args.before_graph), "precision": graphs["packed"]["precision"],
+                                   "fused": {op: counts[op] for op in FUSED_OPS if op in counts}, "builder_parity": []}
     refs = references(model_dir, texts, sets, device)
     np.savez(work / "reference_fp32.npz", **refs)
     spec = {"work": str(work), "sets": sets, "rounds": args.rounds, "device": device,

@@ -22,8 +22,9 @@ from contract.packing import (
 
 
 def test_names_agree_with_the_contract() -> None:
-    assert (packing.INPUT_IDS, packing.TOKEN_TYPE_IDS, packing.CU_SEQLENS, packing.MAX_SEQLEN) == (
-        contract.INPUT_IDS, contract.TOKEN_TYPE_IDS, contract.CU_SEQLENS, contract.MAX_SEQLEN)
+    assert packing.GRAPH_INPUTS == (contract.INPUT_IDS, contract.TOKEN_TYPE_IDS, contract.CU_SEQLENS,
+                                    contract.TOKEN_OFFSET, contract.POSITION_IDS, contract.TOKEN_ROWS,
+                                    contract.ROW_IDS)
 
 
 def _padded() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -39,9 +40,14 @@ def test_padded_rows_pack_back_to_back() -> None:
     assert rows.token_type_ids.tolist() == [0, 0, 1, 1, 0, 1, 0]
     assert rows.cu_seqlens.tolist() == [0, 4, 6, 7] and rows.cu_seqlens.dtype == np.int32
     feed = rows.feed()
-    assert sorted(feed) == sorted([contract.INPUT_IDS, contract.TOKEN_TYPE_IDS, contract.CU_SEQLENS,
-                                   contract.MAX_SEQLEN])
-    assert feed[contract.MAX_SEQLEN].tolist() == [4]
+    assert sorted(feed) == sorted(packing.GRAPH_INPUTS)
+    assert feed[contract.POSITION_IDS].tolist() == [0, 1, 2, 3, 0, 1, 0]
+    assert feed[contract.TOKEN_ROWS].tolist() == [0, 0, 0, 0, 1, 1, 2]
+    assert feed[contract.ROW_IDS].tolist() == [0, 1, 2]
+    # rows of 4, 2 and 1 tokens in [3, 4] slots: real slots in packed order, then the padding slots
+    assert feed[contract.TOKEN_OFFSET].tolist() == [[0, 1, 2, 3], [4, 5, 8, 6], [7, 9, 10, 11]]
+    assert all(v.dtype == np.int32 for v in feed.values())
+    assert sorted(rows.feed([contract.INPUT_IDS, contract.CU_SEQLENS])) == [contract.CU_SEQLENS, contract.INPUT_IDS]
     again = packed_request(rows.input_ids[None], rows.token_type_ids[None], rows.cu_seqlens[None])
     assert again.cu_seqlens.tolist() == rows.cu_seqlens.tolist()
 

@@ -1,7 +1,7 @@
 """The python runner of a `layout: packed` model step (docs/contract.md "Packed model steps").
 
 Its graph (builder/packing.py) takes rows back to back: input_ids and token_type_ids [T], cu_seqlens
-[rows + 1], max_seqlen [1]. A request is one of two kinds (Triton batches the two apart: their sets of
+[rows + 1], and the index tensors computed here from cu_seqlens (contract/packing.py). A request is one of two kinds (Triton batches the two apart: their sets of
 inputs differ, and the step has optional inputs):
 - padded ([rows, width] input_ids, attention_mask, token_type_ids; the ensembles send these): packed
   here on the host from the attention mask;
@@ -10,7 +10,7 @@ Each request is checked on its own first (packing.py, the repository copy of con
 one that breaks the contract gets an error response naming what is wrong, before anything runs, and
 the others still run. The rows of every valid request are merged in arrival order and cut into runs
 of at most `max_batch_tokens` real tokens (no padding, so no sorting by length); each run gets its
-own max_seqlen; the output rows go back to their requests, [rows, out] each. Per-token outputs (embed
+own index tensors (token_offset as wide as its longest row); the output rows go back to their requests, [rows, out] each. Per-token outputs (embed
 models: token_embeddings, ...) go back as [T, ...] to a packed request (its tokens back to back) and as
 [rows, width, ...] to a padded one (each row's tokens, then zeros), as a padded step returns them.
 """
@@ -57,6 +57,7 @@ class PackedSteps:
 
     def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None)):
         self.session, self.outputs = session, list(outputs)
+        self.inputs = frozenset(i.name for i in session.get_inputs())  # the index tensors it reads, computed here
         self.max_tokens, self.max_seq_len = max_tokens, max_seq_len
         self.vocab_sizes = vocab_sizes  # (token ids, token types) the embedding tables hold; None = unchecked
 
@@ -96,7 +97,7 @@ class PackedSteps:
         merged, failed = {}, {}
         for start, stop in cut_runs(batch.lengths, self.max_tokens):
             try:
-                outs = self.session.run(names, batch.slice_rows(start, stop).feed())
+                outs = self.session.run(names, batch.slice_rows(start, stop).feed(self.inputs))
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 for part in set(owner_of_row[start:stop].tolist()):
@@ -149,5 +150,5 @@ class PackedSteps:
             ids = np.zeros(tokens, np.int32)  # id 0 exists in every vocabulary
             feed = PackedRows(ids, np.zeros_like(ids), cu_seqlens_of([length] * rows))
             for first, stop in cut_runs(feed.lengths, self.max_tokens):
-                self.session.run(self.outputs, feed.slice_rows(first, stop).feed())
+                self.session.run(self.outputs, feed.slice_rows(first, stop).feed(self.inputs))
         return f"packed layout, {len(sizes)} warm-up runs in {time.perf_counter() - start:.1f}s"

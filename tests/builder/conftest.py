@@ -40,9 +40,11 @@ class PackedCase:
     optimized: Path  # the optimizer's padded graph the packed one was made from
 
     def run(self, feed: dict[str, np.ndarray], model: onnx.ModelProto | None = None, output: int = 0) -> np.ndarray:
-        """The CPU form's (or `model`'s) output number `output` on CPU."""
+        """The CPU form's (or `model`'s) output number `output` on CPU; `feed` may hold inputs the graph does not
+        declare (the runner feeds a session its declared inputs only)."""
         session = ort.InferenceSession((model or self.cpu_form).SerializeToString(), providers=["CPUExecutionProvider"])
-        return np.asarray(session.run(None, feed)[output])
+        declared = {i.name for i in session.get_inputs()}
+        return np.asarray(session.run(None, {k: v for k, v in feed.items() if k in declared})[output])
 
     def reference(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray, output: int = 0) -> np.ndarray:
         with torch.inference_mode():

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper
 
 from builder.packing import GPU_ATTENTION, PackingError, cpu_form, packed_model, truly_packed
 from builder.parity import compare
-from contract import CU_SEQLENS, INPUT_IDS, MAX_SEQLEN, TOKEN_TYPE_IDS
-from contract.packing import pack_padded
+from contract import CU_SEQLENS, INPUT_IDS, POSITION_IDS, ROW_IDS, TOKEN_OFFSET, TOKEN_ROWS, TOKEN_TYPE_IDS
+from contract.packing import PackedRows, pack_padded
 from loadtest.packed_torch import ATTENTIONS, packed_output, token_offset
 from tests.builder.conftest import PackedCase, PackedGraphs
 from tests.builder.helpers import padded_rows
@@ -85,8 +85,10 @@ def test_gpu_form_io_contract_and_fused_counts(packed_graphs: PackedGraphs) -> N
     for model, task, pooling in (("bert", "embed", "mean"), ("xlmr-rerank", "rerank", None)):
         graph = packed_graphs.get(model, task, pooling, float16=True).gpu_form.graph
         inputs = {i.name: (i.type.tensor_type.elem_type, len(i.type.tensor_type.shape.dim)) for i in graph.input}
+        mean_pooling = {TOKEN_ROWS: (TensorProto.INT32, 1), ROW_IDS: (TensorProto.INT32, 1)} if pooling else {}
         assert inputs == {INPUT_IDS: (TensorProto.INT32, 1), TOKEN_TYPE_IDS: (TensorProto.INT32, 1),
-                          CU_SEQLENS: (TensorProto.INT32, 1), MAX_SEQLEN: (TensorProto.INT32, 1)}
+                          CU_SEQLENS: (TensorProto.INT32, 1), TOKEN_OFFSET: (TensorProto.INT32, 2),
+                          POSITION_IDS: (TensorProto.INT32, 1), **mean_pooling}
         (output,) = graph.output
         assert output.type.tensor_type.elem_type == TensorProto.FLOAT
         assert output.type.tensor_type.shape.dim[0].dim_param == "rows"
@@ -95,6 +97,13 @@ def test_gpu_form_io_contract_and_fused_counts(packed_graphs: PackedGraphs) -> N
         assert not {"RemovePadding", "RestorePadding", "MultiHeadAttention", "Attention"} & set(ops)
         assert ops["EmbedLayerNormalization"] == (1 if model == "bert" else 0)  # XLM-R's embeddings stay unfused
         assert not any("attention_mask" in n.input for n in graph.node)
+        made_by = {o: n for n in graph.node for o in n.output}
+        for attention in (n for n in graph.node if n.op_type == GPU_ATTENTION):  # one QKV GEMM per layer
+            assert attention.input[1:3] == ["", ""], attention.input
+            reshape = made_by[attention.input[0]]
+            assert (reshape.op_type, made_by[reshape.input[0]].op_type) == ("Reshape", "MatMul")
+        assert ops["MatMul"] <= 2 * 4 + 1  # per layer: qkv, attention output, two FFN (+ the mean pooling's)
+        assert not {"Range", "ScatterElements", "Mod", "Where"} & set(ops)  # index arithmetic is fed, not computed
         assert {i.data_type for i in graph.initializer if i.dims and np.prod(i.dims) > 64} == {TensorProto.FLOAT16}
 
 
@@ -114,22 +123,25 @@ def _with_outputs(model: onnx.ModelProto, names: dict[str, str]) -> onnx.ModelPr
     return copy
 
 
-def test_in_graph_indices_equal_onnxruntime_layout(packed_graphs: PackedGraphs) -> None:
-    """token_offset equals onnxruntime's RemovePadding layout (its CUDA getTokenOffset, ported), and position
-    ids restart per row, with max_seqlen exact and larger than the longest row."""
+def test_fed_indices_equal_onnxruntime_layout(packed_graphs: PackedGraphs) -> None:
+    """The host's token_offset (contract/packing.py, vectorized) equals onnxruntime's RemovePadding layout (its
+    CUDA getTokenOffset, ported loop by loop in loadtest/packed_torch.py), and the graph hands the fed tensors to
+    the attention and the embeddings unchanged; position ids restart per row."""
     assert token_offset(np.array([0, 1, 3, 7]), 4).ravel().tolist() == [0, 4, 5, 8, 9, 10, 11, 1, 2, 3, 6, 7]
+    rng = np.random.default_rng(0)
+    for lengths in ([1], [3, 1, 6, 2], list(rng.integers(1, 40, 50))):
+        feed = pack_padded(*padded_rows(lengths, 100, False)).feed()
+        np.testing.assert_array_equal(feed[TOKEN_OFFSET], token_offset(feed[CU_SEQLENS], max(lengths)))
+        np.testing.assert_array_equal(feed[POSITION_IDS], np.concatenate([np.arange(n) for n in lengths]))
     case = packed_graphs.get("bert", "embed", "mean")
     eln = next(n for n in case.cpu_form.graph.node if n.op_type == "EmbedLayerNormalization")
     offsets = next(n for n in case.gpu_form.graph.node if n.op_type == GPU_ATTENTION).input[4]
     probe = _with_outputs(case.cpu_form, {"probe_offsets": offsets, "probe_positions": eln.input[8]})
-    lengths = [3, 1, 6, 2]
-    feed = pack_padded(*padded_rows(lengths, case.vocab, False)).feed()
-    for width in (6, 9):
-        feed[MAX_SEQLEN] = np.array([width], np.int32)
-        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        _, got_offsets, got_positions = session.run(None, feed)
-        np.testing.assert_array_equal(got_offsets, token_offset(feed[CU_SEQLENS], width))
-        np.testing.assert_array_equal(got_positions.ravel(), np.concatenate([np.arange(n) for n in lengths]))
+    feed = pack_padded(*padded_rows([3, 1, 6, 2], case.vocab, False)).feed()
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    _, got_offsets, got_positions = session.run(None, feed)
+    np.testing.assert_array_equal(got_offsets, feed[TOKEN_OFFSET])
+    np.testing.assert_array_equal(got_positions.ravel(), feed[POSITION_IDS])
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
@@ -175,21 +187,37 @@ def test_mutation_attention_across_padding_slots_fails(packed_graphs: PackedGrap
     assert not _check(case, "classify", list(LENGTHS[2]), model=wrong)[0]
 
 
-def test_mutation_bad_row_boundaries_and_short_max_seqlen_fail(packed_graphs: PackedGraphs) -> None:
-    """What the runner's host checks are for: the graph checks neither. Row boundaries off by one run and answer
-    wrong (contract/packing.py refuses cu_seqlens that do not fit the tokens, and a row's length is the caller's);
-    a max_seqlen below the longest row answers wrong or fails, depending on the rows (the runner fills it)."""
+def test_mutation_bad_row_boundaries_and_stale_indices_fail(packed_graphs: PackedGraphs) -> None:
+    """What the runner's host checks and its index tensors are for: the graph checks neither. Row boundaries off
+    by one run and answer wrong (contract/packing.py refuses cu_seqlens that do not fit the tokens, and a row's
+    length is the caller's); index tensors of other rows (a stale feed) answer wrong or fail."""
     case = packed_graphs.get("bert", "embed", "mean")
     lengths = [5, 9, 3, 12]
+    rows = pack_padded(*padded_rows(lengths, case.vocab, False, seed=len(lengths)))
     cu = np.array([0, 6, 14, 17, 29], np.int32)  # row 0 one token too long, row 1 one too short
-    assert not _check(case, "embed", lengths, **{CU_SEQLENS: cu, MAX_SEQLEN: np.array([12], np.int32)})[0]
-    for rows in (lengths, [12, 3, 12, 12]):
+    shifted = PackedRows(rows.input_ids, rows.token_type_ids, cu).feed()  # every index tensor from the wrong rows
+    assert not _check(case, "embed", lengths, **shifted)[0]
+    other = pack_padded(*padded_rows([9, 5, 12, 3], case.vocab, False)).feed()  # same tokens, rows reordered
+    for name in (TOKEN_OFFSET, POSITION_IDS, TOKEN_ROWS):
         try:
-            passed = _check(case, "embed", rows, **{MAX_SEQLEN: np.array([11], np.int32)})[0]
+            passed = _check(case, "embed", lengths, **{name: other[name]})[0]
         except Exception as exc:  # noqa: BLE001 - onnxruntime's own index check caught it this time
-            assert "out of" in str(exc)
+            assert "out of" in str(exc) or "index" in str(exc).lower(), exc
             continue
-        assert not passed
+        assert not passed, name
+
+
+def test_mutation_qkv_columns_in_the_wrong_order_fail(packed_graphs: PackedGraphs) -> None:
+    """merge_qkv lays the merged weight out head by head (q, k, v of head 0, then head 1), as onnxruntime's packed
+    QKV kernels read it; q, k, v blocks one after the other (the unmerged order) answer wrong."""
+    case = packed_graphs.get("bert", "embed", "mean")
+    wrong = onnx.ModelProto.FromString(case.gpu_form.SerializeToString())
+    for init in wrong.graph.initializer:
+        if init.name.startswith("qkv/weight"):
+            merged = onnx.numpy_helper.to_array(init)  # [H, N * 3 * head], N = 2 heads of 16
+            blocks = merged.reshape(32, 2, 3, 16).transpose(0, 2, 1, 3).reshape(32, -1)
+            init.CopyFrom(onnx.numpy_helper.from_array(blocks, init.name))
+    assert not _check(case, "embed", list(LENGTHS[2]), model=cpu_form(wrong))[0]
 
 
 def test_rewrite_refuses_graphs_it_does_not_know(packed_graphs: PackedGraphs) -> None:

@@ -43,6 +43,7 @@ from devstack.tritonserver import TritonServer
 from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
 from tests.fixtures.tiny_models import vocab_tokens, write_tiny_splade, write_tiny_xlmr
 from tests.fixtures.triton import serving
+from tests.fixtures.waiting import until, wait_until
 from tests.gateway.conftest import running_gateway
 
 MAX_SEQ_LEN = TINY_LIMITS["max_seq_len"]
@@ -216,7 +217,10 @@ async def test_gateway_packed_batches_answer_as_pytorch(gateway: httpx.AsyncClie
     _, before = _stats(server, "emb_onnx")
     response = await gateway.post("/embed", json={"model": "emb", "inputs": texts})
     assert response.status_code == 200, response.text
-    assert _stats(server, "emb_onnx")[1] - before == 1  # five texts in one packed request (batch 1 for Triton)
+    # five texts in one packed request (batch 1 for Triton); Triton counts a request once it is released, which
+    # can come after its response reached the gateway
+    await until(lambda: _stats(server, "emb_onnx")[1] > before, "Triton counted the request")
+    assert _stats(server, "emb_onnx")[1] - before == 1
     tensors = _tokens(model_dirs["bert"], pairs=False)
     want = _reference(model_dirs["bert"], "embed", "mean", tensors)[picks]
     assert compare("onnx", "embed", want, np.asarray(response.json()["embeddings"]), MAX_SEQ_LEN).passed
@@ -253,7 +257,7 @@ def _stats(server: TritonServer, model: str) -> tuple[int, int]:
 
 def _burst(server: TritonServer, calls: list[tuple[str, dict[str, np.ndarray]]]) -> tuple[int, list[np.ndarray | str]]:
     """Send `calls` (model, inputs) at once; the burst model's executions meanwhile, and each answer or error."""
-    before, _ = _stats(server, "burst_onnx")
+    before, counted = _stats(server, "burst_onnx")
 
     def call(item: tuple[str, dict[str, np.ndarray]]) -> np.ndarray | str:
         try:
@@ -263,6 +267,8 @@ def _burst(server: TritonServer, calls: list[tuple[str, dict[str, np.ndarray]]])
 
     with ThreadPoolExecutor(len(calls)) as pool:
         answers = list(pool.map(call, calls))
+    served = sum(not isinstance(a, str) for a in answers)  # Triton counts a request once released: may lag the answer
+    wait_until(lambda: _stats(server, "burst_onnx")[1] - counted >= served, "Triton counted the served requests")
     return _stats(server, "burst_onnx")[0] - before, answers
 
 

@@ -31,23 +31,27 @@ def padded_graph(path: Path) -> Path:
 
 
 def packed_graph(path: Path) -> Path:
-    """embeddings [rows, 1] float = each row's length (cu_seqlens[1:] - cu_seqlens[:-1]) + max_seqlen - T."""
+    """embeddings [rows, 1] float = each row's length (cu_seqlens[1:] - cu_seqlens[:-1]) + S - T (S: token_offset's
+    width, the longest row)."""
     nodes = [helper.make_node("Slice", ["cu_seqlens", "one", "end"], ["ends"]),
              helper.make_node("Slice", ["cu_seqlens", "zero", "minus_one"], ["starts"]),
              helper.make_node("Sub", ["ends", "starts"], ["lengths"]),
              helper.make_node("Add", ["input_ids", "token_type_ids"], ["tokens"]),
              helper.make_node("Shape", ["tokens"], ["total64"]),
              helper.make_node("Cast", ["total64"], ["total"], to=INT),
-             helper.make_node("Sub", ["max_seqlen", "total"], ["offset"]),
+             helper.make_node("Shape", ["token_offset"], ["slots64"]),
+             helper.make_node("Slice", ["slots64", "one", "two"], ["width64"]),
+             helper.make_node("Cast", ["width64"], ["width"], to=INT),
+             helper.make_node("Sub", ["width", "total"], ["offset"]),
              helper.make_node("Add", ["lengths", "offset"], ["shifted"]),
              helper.make_node("Unsqueeze", ["shifted", "one"], ["column"]),
              helper.make_node("Cast", ["column"], ["embeddings"], to=TensorProto.FLOAT)]
     inputs = [helper.make_tensor_value_info("input_ids", INT, ["T"]),
               helper.make_tensor_value_info("token_type_ids", INT, ["T"]),
               helper.make_tensor_value_info("cu_seqlens", INT, ["rows_plus_1"]),
-              helper.make_tensor_value_info("max_seqlen", INT, [1])]
+              helper.make_tensor_value_info("token_offset", INT, ["rows", "S"])]
     consts = [helper.make_tensor(n, TensorProto.INT64, [1], [v])
-              for n, v in (("zero", 0), ("one", 1), ("minus_one", -1), ("end", 2**62))]
+              for n, v in (("zero", 0), ("one", 1), ("two", 2), ("minus_one", -1), ("end", 2**62))]
     graph = helper.make_graph(nodes, "packed", inputs,
                               [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["rows", 1])], consts)
     save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
@@ -59,8 +63,8 @@ def test_uniform_feeds_follow_the_graph_inputs() -> None:
     assert {k: v.shape for k, v in padded.items()} == {"input_ids": (3, 5), "attention_mask": (3, 5),
                                                        "token_type_ids": (3, 5)}
     assert padded["attention_mask"].all() and ((padded["input_ids"] >= 5) & (padded["input_ids"] < 300)).all()
-    packed = uniform_feed({"input_ids", "token_type_ids", "cu_seqlens", "max_seqlen"}, 3, 5)
-    assert packed["cu_seqlens"].tolist() == [0, 5, 10, 15] and packed["max_seqlen"].tolist() == [5]
+    packed = uniform_feed({"input_ids", "token_type_ids", "cu_seqlens", "token_offset"}, 3, 5)
+    assert packed["cu_seqlens"].tolist() == [0, 5, 10, 15] and packed["token_offset"].shape == (3, 5)
     assert packed["input_ids"].tolist() == padded["input_ids"].ravel().tolist()  # the same rows, back to back
     assert all(v.dtype == np.int32 for v in (*padded.values(), *packed.values()))
 
