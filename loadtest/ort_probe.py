@@ -107,10 +107,11 @@ def open_session(path: str | Path, provider_names: Sequence[str] | None = None, 
 
 def uniform_feed(input_names: set[str], rows: int, width: int, seed: int = 0, vocab: int = 300) -> dict[str, np.ndarray]:
     """`rows` rows of `width` tokens (ids 5..vocab-1, no padding) as the graph takes them: [rows, width] tensors,
-    or the same rows back to back for a packed step's graph (contract/packing.py)."""
+    or the same rows back to back for a packed step's graph (contract/packing.py; a packed graph of a builder before
+    2026-11-24 also reads `max_seqlen` [1])."""
     ids = np.random.default_rng(seed).integers(5, vocab, size=(rows, width), dtype=np.int32)
     if CU_SEQLENS in input_names:
-        feed = from_rows(list(ids)).feed()
+        feed = {**from_rows(list(ids)).feed(input_names), "max_seqlen": np.array([width], np.int32)}
     else:
         feed = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), TOKEN_TYPE_IDS: np.zeros_like(ids)}
     return {name: value for name, value in feed.items() if name in input_names}

@@ -57,9 +57,10 @@ SETS = ("random1", "random8", "random32", "random128", "sorted32")
 GATE = 0.9999
 # builder padded (fp16), builder packed (fp16), builder packed fp32 (onnxruntime's unfused CUDA path, the one that
 # reads token_offset: its parity matters), the PackedAttention rewrite of the padded graph (fp16)
+# packed_3gemm: the builder's packed graph with its merged QKV GEMM split back into three (what merge_qkv saves);
 # packed_before: --before-graph, a packed graph built by an older builder (e.g. the in-graph index arithmetic and three
 # QKV GEMMs per layer before 2026-11-24), fed what it declares
-GRAPHS = ("padded", "packed_before", "packed", "packed_fp32", "packed_attention")
+GRAPHS = ("padded", "packed_before", "packed_3gemm", "packed", "packed_fp32", "packed_attention")
 
 
 # ---- batches ---------------------------------------------------------------------------------------------
@@ -75,6 +76,16 @@ def draw_batches(lengths: list[int], draws: int, seed: int = 1) -> dict[str, lis
     starts = np.linspace(0, max(0, n - 32), draws).astype(int)
     sets["sorted32"] = [order[s:s + 32].tolist() for s in starts]
     return sets
+
+
+def fresh_batches(texts: int, count: int, seed: int = 2) -> list[list[int]]:
+    """`count` random batches of 8 to 24 texts: what the stack's step gets at c=256 (about 13 texts a call, every
+    call a token count it may not have seen)."""
+    rng = np.random.default_rng(seed)
+    return [rng.choice(texts, int(rng.integers(8, 25)), replace=False).tolist() for _ in range(count)]
+
+
+FRESH_MODES = {"mem pattern on (default)": {}, "mem pattern off": {"enable_mem_pattern": False}}
 
 
 def padded_feed(rows: list[np.ndarray], widths: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -170,6 +181,17 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
                                "rows": len(batches[0]), "batches": len(batches),
                                "host_feed_ms": round(float(np.median(host)) * 1e3, 3)}
         del session
+        entry["fresh"] = {}
+        for mode, options in FRESH_MODES.items():  # a new session each: every batch below is run once
+            fresh_session = open_session(path, names, options)
+            fresh_session.run(_first_output(fresh_session), feed(sets["random32"][0]))  # the arena's first growth
+            walls = [seconds(lambda f=feed(m): fresh_session.run(_first_output(fresh_session), f))
+                     for m in spec["fresh"]]
+            real = sum(len(texts[i]) for m in spec["fresh"] for i in m)
+            entry["fresh"][mode] = {"mean_ms": round(float(np.mean(walls)) * 1e3, 3),
+                                    "p50_ms": round(float(np.median(walls)) * 1e3, 3),
+                                    "real_tokens_per_s": round(real / sum(walls))}
+            del fresh_session
         entry["cold"] = cold_shapes(path, names, texts, packed, widths)
         print(f"onnxruntime {name}: {json.dumps({k: v for k, v in entry.items() if k != 'cold'})}", flush=True)
     return result
@@ -204,6 +226,10 @@ def build_graphs(model_dir: Path, work: Path, device: str, max_seq_len: int) -> 
                         "precision": manifest.onnx.precision,
                         "builder_parity": [p.model_dump(mode="json") for p in manifest.parity]}
     config = AutoConfig.from_pretrained(model_dir)
+    split = work / "packed_3gemm" / "model.onnx"
+    split.parent.mkdir(parents=True)
+    save_onnx(split_qkv(onnx.load(graphs["packed"]["path"])), split)
+    graphs["packed_3gemm"] = {**graphs["packed"], "path": str(split), "builder_parity": []}
     target = work / "packed_attention" / "model.onnx"
     target.parent.mkdir(parents=True)
     save_onnx(packed_model(onnx.load(graphs["padded"]["path"]), task="embed", pooling="mean",
@@ -213,6 +239,33 @@ def build_graphs(model_dir: Path, work: Path, device: str, max_seq_len: int) -> 
     graphs["packed_attention"] = {"path": str(target), "fused": {op: counts[op] for op in FUSED_OPS if op in counts},
                                   "precision": graphs["padded"]["precision"], "builder_parity": []}
     return graphs
+
+
+def split_qkv(model: Any) -> Any:
+    """merge_qkv undone (builder/packing.py): each attention's packed-QKV input back to three MatMuls of [H, H]
+    weights feeding query, key and value. A graph without merged projections (a CPU form) comes back as it was."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    made_by = {o: n for n in g.node for o in n.output}
+    inits = {i.name: i for i in g.initializer}
+    for node in [n for n in g.node if n.op_type == "PackedMultiHeadAttention" and not n.input[1]]:
+        reshape = made_by[node.input[0]]
+        matmul = made_by[reshape.input[0]]
+        heads = int(next(a.i for a in node.attribute if a.name == "num_heads"))
+        merged = numpy_helper.to_array(inits[matmul.input[1]])
+        hidden = merged.shape[0]
+        blocks = merged.reshape(hidden, heads, 3, -1).transpose(0, 2, 1, 3).reshape(hidden, 3, -1)
+        for k, role in enumerate(("q", "k", "v")):
+            weight = f"{node.name}/split_{role}"
+            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(blocks[:, k]), weight))
+            g.node.append(helper.make_node("MatMul", [matmul.input[0], weight], [f"{weight}_out"]))
+            node.input[k] = f"{weight}_out"
+    from builder.graph_edit import prune, topological_sort
+
+    prune(g, [o.name for o in g.output])
+    topological_sort(g)
+    return model
 
 
 def torch_peers(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[list[int]]], refs: dict[str, np.ndarray],
@@ -309,6 +362,16 @@ def summarize(record: dict[str, Any]) -> list[str]:
                 speedup = f"{row['real_tokens_per_s'] / base:.2f}x" if base else "-"
                 lines.append(f"| {name} | {set_name} | {row['ms_per_batch']:.2f} | {row['real_tokens_per_s']:,} | - | "
                              f"{speedup} | - |")
+    lines += ["", f"Fresh batches ({record.get('fresh_count', '-')} random batches of 8-24 texts, each run once in a new "
+              "session: every call a token count the session may not have seen, as the stack's step gets at c=256; "
+              "ms per batch mean / p50, real tokens/s):", "",
+              "| graph | " + " | ".join(FRESH_MODES) + " |", "| --- |" + " ---: |" * len(FRESH_MODES)]
+    for name in GRAPHS:
+        fresh = ort_graphs.get(name, {}).get("fresh")
+        if fresh:
+            cells = [f"{fresh[m]['mean_ms']:.2f} / {fresh[m]['p50_ms']:.2f} ms, {fresh[m]['real_tokens_per_s']:,}"
+                     for m in FRESH_MODES]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "| graph | min cosine vs PyTorch fp32 (gate 0.9999) | fused ops | Memcpy nodes | nodes per provider | "
               "CPU ops |", "| --- | ---: | --- | --- | --- | --- |"]
     for name in GRAPHS:
@@ -370,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = [np.asarray(ids, np.int32) for ids in encoded["input_ids"]]
     np.savez(work / "texts.npz", *texts)
     sets = draw_batches([len(t) for t in texts], args.draws)
+    fresh = fresh_batches(len(texts), 40 if args.smoke else 300)
     log(f"corpus: {len(texts)} texts, {sum(map(len, texts))} tokens; building the packed and padded steps")
     graphs = build_graphs(model_dir, work, device, max_seq_len)
     if args.before_graph:
@@ -380,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "fused": {op: counts[op] for op in FUSED_OPS if op in counts}, "builder_parity": []}
     refs = references(model_dir, texts, sets, device)
     np.savez(work / "reference_fp32.npz", **refs)
-    spec = {"work": str(work), "sets": sets, "rounds": args.rounds, "device": device,
+    spec = {"work": str(work), "sets": sets, "fresh": fresh, "rounds": args.rounds, "device": device,
             "widths": list(default_widths(max_seq_len)), "graphs": {n: g["path"] for n, g in graphs.items()}}
     log("onnxruntime: parity, placement, latency, cold shapes")
     ort_result = in_child(run_ort, spec, python=args.ort_python)
@@ -388,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     peers = torch_peers(model_dir, texts, sets, refs, args.rounds, device)
     record = {"name": f"{args.name}-packed-step", "machine": describe_machine().model_dump(), "shape": args.shape,
               "device": device, "texts": len(texts), "rounds": args.rounds, "draws": args.draws,
-              "graphs": graphs, "onnxruntime": ort_result, "torch": peers, "smoke": args.smoke}
+              "graphs": graphs, "onnxruntime": ort_result, "torch": peers, "smoke": args.smoke,
+              "fresh_count": len(fresh)}
     out = save_step_record(record, args.out or RESULTS_DIR, summarize(record))
     failed = [n for n, g in ort_result["graphs"].items() if not g["parity_passed"]]
     log(f"done; results in {out}" + (f"; PARITY FAILED: {failed}" if failed else ""))

@@ -55,9 +55,11 @@ PY
       order=$codes; [ "$round" = 2 ] && order=$(echo $codes | tr ' ' '\n' | tac | tr '\n' ' ')
       for code in $order; do
         python3 -m loadtest bench7 --name "ab-$code$round" --parts scheduler --steps "$STEPS" \
-          --repository "$W/$code/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 | grep -E "^\| stack|errors" | head -8
+          --repository "$W/$code/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 | grep -E "^[|] stack scheduler: (single|32|short)|errors per step" || true
       done
     done
+    # the device tool brings back few files: one archive of every run's record
+    tar -czf "$OUT/ab-runs.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"
     ;;
   final)
     python3 -m loadtest bench7 --name "$NAME-final${2:-1}" --parts peers,scheduler,ensemble \
