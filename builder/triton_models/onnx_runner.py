@@ -66,6 +66,12 @@ class TritonPythonModel:
         threads = int(parameters.get("intra_op_num_threads", {}).get("string_value", "0") or 0)
         if threads > 0:
             options.intra_op_num_threads = threads
+        packed = parameters.get("layout", {}).get("string_value", "padded") == "packed"
+        if packed:
+            # Nearly every packed call has a token count the session has not seen, and onnxruntime plans and caches
+            # a memory pattern per input shape: on the H100 that made such calls 2.3x slower on average than with
+            # the pattern off (loadtest/results/h100-20c-packed-step, "Fresh batches"); its arena serves them.
+            options.enable_mem_pattern = False
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"
         if kind == "GPU":
@@ -76,16 +82,16 @@ class TritonPythonModel:
         self.call_cost_tokens = CALL_COST_TOKENS[kind]
         self.widths = parse_sizes(parameters.get("batch_widths", {}).get("string_value", ""))
         self.rows = parse_sizes(parameters.get("batch_rows", {}).get("string_value", ""))
-        if parameters.get("layout", {}).get("string_value", "padded") == "packed":
+        if packed:
             from packed_runner import PackedSteps  # copied next to this file for packed steps only
 
             def number(key):
                 return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
 
-            packed = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
-                                 (number("vocab_size"), number("type_vocab_size")))
-            warmed = packed.warm_up(gpu=kind == "GPU")
-            self._execute = SkipCancelled(packed)
+            steps = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
+                                (number("vocab_size"), number("type_vocab_size")))
+            warmed = steps.warm_up(gpu=kind == "GPU")
+            self._execute = SkipCancelled(steps)
         else:
             warmed = self._warm_up()
             self._execute = SkipCancelled(self._infer)
