@@ -226,3 +226,15 @@ def test_rewrite_refuses_graphs_it_does_not_know(packed_graphs: PackedGraphs) ->
         truly_packed(case.gpu_form, task="embed", pooling="mean")
     with pytest.raises(PackingError, match="no fused MultiHeadAttention"):
         packed_model(case.gpu_form, task="embed", pooling="mean", num_heads=2, hidden_size=32)
+
+
+def test_split_qkv_undoes_merge_qkv(packed_graphs: PackedGraphs) -> None:
+    """loadtest/packed_step.py's 3-GEMM comparison graph answers exactly as the merged one."""
+    from loadtest.packed_step import split_qkv
+
+    case = packed_graphs.get("bert", "embed", "mean")
+    split = split_qkv(onnx.ModelProto.FromString(case.gpu_form.SerializeToString()))
+    assert sum(n.op_type == "MatMul" for n in split.graph.node) == sum(
+        n.op_type == "MatMul" for n in case.gpu_form.graph.node) + 2 * 2  # two more per layer
+    feed = pack_padded(*padded_rows(list(LENGTHS[2]), case.vocab, False)).feed()
+    np.testing.assert_array_equal(case.run(feed, cpu_form(split)), case.run(feed))
