@@ -8,6 +8,7 @@
 #   bash loadtest/device/graph_ab.sh ab      # bench7's scheduler part on each repository in turns, 2 rounds
 #                                            # (CODES='old new' by default; new2 = new with 2 step instances)
 #   bash loadtest/device/graph_ab.sh final N # bench7 (peers, scheduler, ensemble) on this builder's repository
+#   bash loadtest/device/graph_ab.sh cpu     # cores per process group and GPU utilization during two bench7 steps
 #
 # Both repositories are served by this checkout's gateway; the runner and the graph travel in the repository,
 # so the A/B is the model step's alone. Results go under $OUT (device tool) or ./ab-out.
@@ -61,10 +62,20 @@ PY
     # the device tool brings back few files: one archive of every run's record
     tar -czf "$OUT/ab-runs.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"
     ;;
+  cpu)  # where the host's CPU goes while bench7 runs one step on the after repository (build first)
+    for step in "single text c=256" "32 texts c=16"; do
+      label=$(echo "$step" | tr ' =' '--')
+      python3 -m loadtest.experiments.host_cpu --seconds 75 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
+      python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
+        --repository "$W/new/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true
+      wait
+      cat "$OUT/host-cpu-$label.txt"
+    done
+    ;;
   final)
     python3 -m loadtest bench7 --name "$NAME-final${2:-1}" --parts peers,scheduler,ensemble \
       --repository "$W/new/repository" --work "$W/bench" --out "$OUT/results"
     ;;
   *)
-    echo "usage: graph_ab.sh build|step|ab|final [N]" >&2; exit 2 ;;
+    echo "usage: graph_ab.sh build|step|ab|cpu|final [N]" >&2; exit 2 ;;
 esac

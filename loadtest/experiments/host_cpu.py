@@ -1,0 +1,100 @@
+"""Where a host's CPU goes under load: cores used by each process group (the load generator, the gateway, tritonserver,
+the python-backend stubs, the rest) and the GPU's utilization, sampled every `--interval` seconds from /proc and
+nvidia-smi. Start it, then the load; samples while the load generator is busy are summarized (median per group).
+
+    python -m loadtest.experiments.host_cpu --seconds 150 --out cpu.json &
+    python -m loadtest bench7 --parts scheduler --steps "single text c=256" ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+# first match wins: the stub's command line names tritonserver's backend directory too
+GROUPS = (("stubs", "triton_python_backend_stub"), ("tritonserver", "tritonserver"), ("gateway", "gateway"),
+          ("gateway", "uvicorn"), ("load generator", "loadtest"))
+
+
+def group_of(cmdline: str) -> str:
+    return next((name for name, needle in GROUPS if needle in cmdline), "other")
+
+
+def cpu_ticks() -> dict[int, tuple[str, int]]:
+    """pid -> (group, user + system ticks so far)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(entry)] = (group_of(cmdline), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def host_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def sample(interval: float) -> dict[str, float]:
+    """Cores per group and host-wide over one interval, and the GPU's mean utilization (%) meanwhile."""
+    gpu = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms",
+                            "100"], stdout=subprocess.PIPE, text=True) if _has_nvidia_smi() else None
+    before, busy0 = cpu_ticks(), host_busy()
+    started = time.perf_counter()
+    time.sleep(interval)  # the measurement window itself, not synchronisation
+    after, busy1 = cpu_ticks(), host_busy()
+    elapsed = time.perf_counter() - started
+    cores: dict[str, float] = {}
+    for pid, (group, ticks) in after.items():
+        used = ticks - before[pid][1] if pid in before else ticks  # a process born in the window: all of it
+        cores[group] = cores.get(group, 0.0) + used / TICKS / elapsed
+    cores["host (all CPUs)"] = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * (os.cpu_count() or 1)
+    if gpu is not None:
+        gpu.terminate()
+        readings = [float(x) for x in (gpu.communicate()[0] or "").split() if x.replace(".", "").isdigit()]
+        cores["gpu utilization %"] = statistics.fmean(readings) if readings else -1.0
+    return {k: round(v, 2) for k, v in cores.items()}
+
+
+def _has_nvidia_smi() -> bool:
+    return any(Path(p, "nvidia-smi").exists() for p in os.environ.get("PATH", "").split(":"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.experiments.host_cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--busy", type=float, default=1.0, help="load generator cores that mark a sample as under load")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    samples = []
+    end = time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        samples.append(sample(args.interval))
+    loaded = [s for s in samples if s.get("load generator", 0.0) >= args.busy]
+    keys = sorted({k for s in loaded for k in s})
+    summary = {k: statistics.median(s.get(k, 0.0) for s in loaded) for k in keys} if loaded else {}
+    args.out.write_text(json.dumps({"cpus": os.cpu_count(), "interval_s": args.interval, "samples": samples,
+                                    "loaded_samples": len(loaded), "median_under_load": summary}, indent=1))
+    print(f"{len(loaded)} of {len(samples)} samples under load; median cores (of {os.cpu_count()}):")
+    for key, value in summary.items():
+        print(f"  {key:24s} {value:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
