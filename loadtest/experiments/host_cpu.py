@@ -27,8 +27,9 @@ def group_of(cmdline: str) -> str:
 
 
 def cpu_ticks() -> dict[int, tuple[str, int]]:
-    """pid -> (group, user + system ticks so far)."""
-    out = {}
+    """pid -> (group, user + system ticks so far). A process whose command line names no group (a multiprocessing
+    child: the gateway's workers, the load generator's clients) belongs to its nearest ancestor's group."""
+    seen: dict[int, tuple[str, int, int]] = {}  # pid -> (own group, parent pid, ticks)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -38,8 +39,17 @@ def cpu_ticks() -> dict[int, tuple[str, int]]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        out[int(entry)] = (group_of(cmdline), int(fields[11]) + int(fields[12]))
-    return out
+        seen[int(entry)] = (group_of(cmdline), int(fields[1]), int(fields[11]) + int(fields[12]))
+
+    def group(pid: int) -> str:
+        for _ in range(32):  # up the parent chain
+            own, parent, _ticks = seen.get(pid, ("other", 0, 0))
+            if own != "other" or parent not in seen:
+                return own
+            pid = parent
+        return "other"
+
+    return {pid: (group(pid), ticks) for pid, (_, _, ticks) in seen.items()}
 
 
 def host_busy() -> tuple[int, int]:
