@@ -141,13 +141,11 @@ def ort_packing_mode(optimized: onnx.ModelProto, num_heads: int, hidden_size: in
 @dataclass(frozen=True)
 class _Indices:
     """Row bounds computed in the graph from cu_seqlens (int32, [B] each; only what is read stays, prune drops
-    the rest), and the index tensors the runner feeds (contract/packing.py)."""
+    the rest). The index tensors are graph inputs the runner feeds (contract/packing.py)."""
 
     starts: str  # first token of each row
     ends: str  # one past its last token
     lengths: str
-    token_offset: str = TOKEN_OFFSET  # [B, S] onnxruntime's RemovePadding layout
-    positions: str = POSITION_IDS  # [T] position of each token in its row
 
 
 def _indices(w: NodeWriter) -> _Indices:
@@ -206,14 +204,14 @@ def truly_packed(model: onnx.ModelProto, *, task: str, pooling: str | None, offs
                     helper.make_tensor_value_info(TOKEN_OFFSET, _I32, ["rows", "max_seqlen"]),
                     helper.make_tensor_value_info(POSITION_IDS, _I32, ["tokens"])])
     idx = _indices(w)
-    positions = idx.positions
+    positions = POSITION_IDS
     if offset:
         positions = w.op("Add", [positions, w.const("position_offset", [offset], np.int32)])
     hidden = remove.input[0]
     float16 = _rewire_embeddings(g, w, hidden, positions, old_inputs)
     if consumers(g, remove.output[3]):
         raise PackingError("RemovePadding's max_seq_len output is read by the graph")
-    for source, target in ((hidden, remove.output[0]), (idx.token_offset, remove.output[1]),
+    for source, target in ((hidden, remove.output[0]), (TOKEN_OFFSET, remove.output[1]),
                            (CU_SEQLENS, remove.output[2])):
         w.op("Identity", [source], [target])
     g.node.remove(remove)

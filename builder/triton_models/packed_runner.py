@@ -1,8 +1,9 @@
 """The python runner of a `layout: packed` model step (docs/contract.md "Packed model steps").
 
 Its graph (builder/packing.py) takes rows back to back: input_ids and token_type_ids [T], cu_seqlens
-[rows + 1], and the index tensors computed here from cu_seqlens (contract/packing.py). A request is one of two kinds (Triton batches the two apart: their sets of
-inputs differ, and the step has optional inputs):
+[rows + 1], and the index tensors computed here from cu_seqlens (contract/packing.py). A request is one
+of two kinds (Triton batches the two apart: their sets of inputs differ, and the step has optional
+inputs):
 - padded ([rows, width] input_ids, attention_mask, token_type_ids; the ensembles send these): packed
   here on the host from the attention mask;
 - packed (input_ids, token_type_ids [1, T]; cu_seqlens [1, rows + 1]; the gateway's scheduler).
@@ -10,9 +11,10 @@ Each request is checked on its own first (packing.py, the repository copy of con
 one that breaks the contract gets an error response naming what is wrong, before anything runs, and
 the others still run. The rows of every valid request are merged in arrival order and cut into runs
 of at most `max_batch_tokens` real tokens (no padding, so no sorting by length); each run gets its
-own index tensors (token_offset as wide as its longest row); the output rows go back to their requests, [rows, out] each. Per-token outputs (embed
-models: token_embeddings, ...) go back as [T, ...] to a packed request (its tokens back to back) and as
-[rows, width, ...] to a padded one (each row's tokens, then zeros), as a padded step returns them.
+own index tensors (token_offset as wide as its longest row); the output rows go back to their
+requests, [rows, out] each. Per-token outputs (embed models: token_embeddings, ...) go back as [T, ...]
+to a packed request (its tokens back to back) and as [rows, width, ...] to a padded one (each row's
+tokens, then zeros), as a padded step returns them.
 """
 
 import time
