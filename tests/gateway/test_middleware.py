@@ -235,8 +235,9 @@ async def test_over_the_in_flight_bound_refusals_are_paced_429s_and_probes_pass(
         assert probe.status == 200  # at the bound, a probe is still served
         refused = Exchange()
         refusal = asyncio.create_task(refused.through(app))
-        for _ in range(10):  # every ready callback runs: only a timer can hold the refusal now
+        for _ in range(10):  # event-loop turns, no clock: the unpaced run below checks that they finish a refusal
             await asyncio.sleep(0)
+        assert refusal.done() == (not pause_s)  # so a paced refusal is held by its pause's timer alone
         if pause_s:
             assert not refusal.done() and refused.sent == []  # paced: answered only after the pause
             refusal.cancel()
