@@ -75,6 +75,7 @@ from contract import (
     entry_names,
 )
 from contract.batching import default_rows, default_widths
+from contract.packing import PackedRows
 
 Log = Callable[[str], None]
 
@@ -446,22 +447,21 @@ def _packed_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str
     back [tokens, ...]), and where it ran: on the GPU where built for one and onnxruntime-gpu is installed;
     else a GPU form runs as its CPU form (the same graph but attention: builder/packing.py), which onnxruntime's
     CPU provider can run."""
-    feed = packed_parity_inputs(inputs)
+    rows = packed_parity_inputs(inputs)
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
         session = ort.InferenceSession(str(path), providers=[_cuda("python"), "CPUExecutionProvider"])
-        return _run_packed(session, outputs, feed), "CUDAExecutionProvider"
+        return _run_packed(session, outputs, rows), "CUDAExecutionProvider"
     ran_on = "CPUExecutionProvider"
     if device == "gpu":
         save_onnx(cpu_form(onnx.load(str(path))), work / "cpu_form.onnx")
         path, ran_on = work / "cpu_form.onnx", "CPUExecutionProvider (the GPU form's CPU form: no CUDA here)"
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return _run_packed(session, outputs, feed), ran_on
+    return _run_packed(session, outputs, rows), ran_on
 
 
-def _run_packed(session: ort.InferenceSession, outputs: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The feed holds every packed-graph input; a graph without mean pooling declares fewer."""
-    declared = {i.name for i in session.get_inputs()}
-    return [np.asarray(o) for o in session.run(outputs, {k: v for k, v in feed.items() if k in declared})]
+def _run_packed(session: ort.InferenceSession, outputs: list[str], rows: PackedRows) -> list[np.ndarray]:
+    """The rows fed as the graph declares (a graph without mean pooling reads fewer index tensors)."""
+    return [np.asarray(o) for o in session.run(outputs, rows.feed({i.name for i in session.get_inputs()}))]
 
 
 def _check(result: ParityResult, planned: PlannedBuild, log: Log) -> None:

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from builder.export import RepositoryModel
 from contract import ATTENTION_MASK, INPUT_IDS, TOKEN_INPUTS, TOKEN_TYPE_IDS
-from contract.packing import pack_padded
+from contract.packing import PackedRows, pack_padded
 
 # Short, long, truncated (longer than any max_seq_len), empty, non-ASCII.
 SENTENCES: tuple[str, ...] = (
@@ -70,9 +70,9 @@ def parity_inputs(tokenizer: PreTrainedTokenizerFast, max_seq_len: int, pairs: b
     return {name: np.asarray(batch[name], dtype=np.int32) for name in TOKEN_INPUTS}
 
 
-def packed_parity_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The padded parity inputs in the packed layout (contract/packing.py): the packed graph's feed."""
-    return pack_padded(inputs[INPUT_IDS], inputs[ATTENTION_MASK], inputs[TOKEN_TYPE_IDS]).feed()
+def packed_parity_inputs(inputs: dict[str, np.ndarray]) -> PackedRows:
+    """The padded parity inputs in the packed layout (contract/packing.py); `.feed(names)` is a graph's feed."""
+    return pack_padded(inputs[INPUT_IDS], inputs[ATTENTION_MASK], inputs[TOKEN_TYPE_IDS])
 
 
 def torch_references(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -67,11 +67,11 @@ class PackedRows:
         """The packed graph's inputs named in `names` (a session's input names: a graph without mean pooling
         reads no token_rows/row_ids, and onnxruntime refuses inputs a graph does not declare)."""
         lengths = self.lengths
-        starts = np.repeat(self.cu_seqlens[:-1], lengths)  # each token's row start
         feed = {INPUT_IDS: self.input_ids, TOKEN_TYPE_IDS: self.token_type_ids, CU_SEQLENS: self.cu_seqlens}
         if TOKEN_OFFSET in names:
             feed[TOKEN_OFFSET] = token_offset(lengths)
-        if POSITION_IDS in names:
+        if POSITION_IDS in names:  # a token's index minus its row's first
+            starts = np.repeat(self.cu_seqlens[:-1], lengths)
             feed[POSITION_IDS] = (np.arange(self.tokens, dtype=np.int32) - starts).astype(np.int32, copy=False)
         if TOKEN_ROWS in names:
             feed[TOKEN_ROWS] = np.repeat(np.arange(self.rows, dtype=np.int32), lengths)

@@ -25,14 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS
-from contract.packing import from_rows
+from contract.packing import PackedRows, from_rows
 
 RESULT = "ORT-RESULT "
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -105,13 +105,21 @@ def open_session(path: str | Path, provider_names: Sequence[str] | None = None, 
     return ort.InferenceSession(str(path), sess_options=session_options, providers=chosen)
 
 
+def packed_feed(rows: PackedRows, declared: Collection[str]) -> dict[str, np.ndarray]:
+    """A packed graph's inputs it declares; a packed graph of a builder before 2026-11-24 also reads `max_seqlen`
+    [1] (the longest row)."""
+    feed = rows.feed(declared)
+    if "max_seqlen" in declared:
+        feed["max_seqlen"] = np.array([rows.lengths.max()], np.int32)
+    return feed
+
+
 def uniform_feed(input_names: set[str], rows: int, width: int, seed: int = 0, vocab: int = 300) -> dict[str, np.ndarray]:
     """`rows` rows of `width` tokens (ids 5..vocab-1, no padding) as the graph takes them: [rows, width] tensors,
-    or the same rows back to back for a packed step's graph (contract/packing.py; a packed graph of a builder before
-    2026-11-24 also reads `max_seqlen` [1])."""
+    or the same rows back to back for a packed step's graph (contract/packing.py, `packed_feed`)."""
     ids = np.random.default_rng(seed).integers(5, vocab, size=(rows, width), dtype=np.int32)
     if CU_SEQLENS in input_names:
-        feed = {**from_rows(list(ids)).feed(input_names), "max_seqlen": np.array([width], np.int32)}
+        feed = packed_feed(from_rows(list(ids)), input_names)
     else:
         feed = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), TOKEN_TYPE_IDS: np.zeros_like(ids)}
     return {name: value for name, value in feed.items() if name in input_names}

@@ -47,6 +47,7 @@ from loadtest.ort_probe import (
     medians_in_turns,
     min_cosine,
     open_session,
+    packed_feed,
     placement,
     profile_events,
     providers,
@@ -98,15 +99,6 @@ def padded_feed(rows: list[np.ndarray], widths: tuple[int, ...]) -> dict[str, np
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
 
 
-def packed_feed(rows: list[np.ndarray], declared: set[str]) -> dict[str, np.ndarray]:
-    """The packed graph's inputs it declares; a graph of an older builder also reads `max_seqlen` [1]."""
-    packed = from_rows(rows)
-    feed = packed.feed(declared)
-    if "max_seqlen" in declared:
-        feed["max_seqlen"] = np.array([packed.lengths.max()], np.int32)
-    return feed
-
-
 # ---- onnxruntime (in a child process: loadtest.ort_probe) ------------------------------------------------
 
 def _first_output(session: Any) -> list[str]:
@@ -124,7 +116,8 @@ def cold_shapes(path: str, provider_names: list[str], texts: list[np.ndarray], p
     out = []
     for rows, width in dict.fromkeys((rows, min(width, longest)) for rows, width in shapes):
         chosen = [np.resize(texts[i % len(texts)], width) for i in range(rows)]
-        feed = packed_feed(chosen, {i.name for i in session.get_inputs()}) if packed else padded_feed(chosen, widths)
+        declared = {i.name for i in session.get_inputs()}
+        feed = packed_feed(from_rows(chosen), declared) if packed else padded_feed(chosen, widths)
         first, second = (seconds(lambda: session.run(_first_output(session), feed)) * 1e3 for _ in range(2))
         out.append({"rows": rows, "width": width, "tokens": rows * width, "first_ms": round(first, 2),
                     "second_ms": round(second, 2)})
@@ -153,7 +146,7 @@ def run_ort(spec: dict[str, Any]) -> dict[str, Any]:
 
         def feed(members: list[int], packed: bool = packed, declared: set[str] = declared) -> dict[str, np.ndarray]:
             rows = [texts[i] for i in members]
-            return packed_feed(rows, declared) if packed else padded_feed(rows, widths)
+            return packed_feed(from_rows(rows), declared) if packed else padded_feed(rows, widths)
 
         entry["load_s"] = round(time.perf_counter() - started, 2)
         profiler = open_session(path, names, profile_prefix=str(work / f"profile_{name}"))
