@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable
 
 from starlette.exceptions import HTTPException
@@ -62,10 +63,29 @@ def header(scope: Scope, name: bytes) -> str:
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), "")
 
 
+class _RequestIds:
+    """New request ids: 32 hex digits, a random prefix per process then a counter. Unique like uuid4's, at
+    a fraction of its cost (uuid4 reads 16 random bytes from the kernel per request)."""
+
+    def __init__(self) -> None:
+        self.renew()
+        os.register_at_fork(after_in_child=self.renew)
+
+    def renew(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.counter = itertools.count()
+
+    def new(self) -> str:
+        return f"{self.prefix}{next(self.counter) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+_request_ids = _RequestIds()
+
+
 def request_id(scope: Scope, header: bytes) -> str:
     """The caller's request id when it is short and plain (it is echoed and logged), else a new one."""
     value = next((v for k, v in scope["headers"] if k == header), b"")
-    return value.decode("ascii") if _SAFE_REQUEST_ID.fullmatch(value) else uuid.uuid4().hex
+    return value.decode("ascii") if _SAFE_REQUEST_ID.fullmatch(value) else _request_ids.new()
 
 
 class RequestId(Layer):

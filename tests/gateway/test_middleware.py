@@ -258,3 +258,27 @@ def test_the_probe_paths_are_served_probes() -> None:
     from gateway.api.routes import ops
 
     assert PROBE_PATHS <= {getattr(route, "path", "") for route in ops.routes}  # one constant, the routes' own paths
+
+
+def test_new_request_ids_are_unique_within_a_process_and_across_a_fork() -> None:
+    """Generated ids (a per-process prefix and a counter): 32 hex digits, no repeat within a worker, and a
+    forked worker does not repeat its parent's (the prefix is drawn again in the child)."""
+    import os
+    import re
+
+    from gateway.api.middleware import request_id
+
+    scope: Scope = {"headers": []}
+    ids = [request_id(scope, b"x-request-id") for _ in range(1000)]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, to the parent
+        os.write(write, request_id(scope, b"x-request-id").encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    os.close(read)
+    parent_next = request_id(scope, b"x-request-id")
+    assert re.fullmatch(r"[0-9a-f]{32}", child) and child[:16] != parent_next[:16], (child, parent_next)

@@ -220,3 +220,42 @@ def test_cuda_transport_without_a_usable_gpu_fails_start_up_with_the_reason() ->
     code = "from gateway.settings import GatewaySettings as S; from gateway.triton.client import TritonClient as T; T(S())"
     client = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert client.returncode == 1 and "ShmUnavailable: CUDA is not usable in this process" in client.stderr
+
+
+@pytest.mark.anyio
+async def test_a_small_request_is_tokenized_inline_while_the_tokenizer_thread_works(tiny_embedder_dir: Path) -> None:
+    """A small request is encoded at once on the event loop's thread, text by text (no thread hand-off, no
+    parallel `encode_batch`), even while a larger request holds the tokenizer's worker thread; both get the
+    contract's ids."""
+    import threading
+
+    from tokenizers import Tokenizer
+
+    from contract.tokenization import EncodedTexts, TextEncoder
+    from gateway.service.tokenization import TokenizerQueue
+    from tests.fixtures.waiting import until
+
+    release, held = threading.Event(), threading.Event()
+    calls: list[tuple[bool, bool]] = []  # (on the event loop's thread, parallel)
+
+    class Recording(TextEncoder):
+        def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right",
+                   parallel: bool = True) -> EncodedTexts:
+            calls.append((threading.current_thread() is threading.main_thread(), parallel))
+            if not calls[-1][0]:
+                held.set()
+                assert release.wait(60), "never released"
+            return super().encode(texts, pairs, direction, parallel)
+
+    tokenizer = Tokenizer.from_file(str(tiny_embedder_dir / "tokenizer.json"))
+    plain, queue = TextEncoder(tokenizer, 64), TokenizerQueue(Recording(tokenizer, 64), inline_chars=16)
+    large = asyncio.get_running_loop().create_task(queue.encode(["hello world " * 4, "world"]))
+    try:
+        await until(held.is_set, "the large request in the worker thread")
+        small = await asyncio.wait_for(queue.encode(["hello", "world hello"]), 30)  # queued behind: times out
+        assert not large.done() and calls == [(False, True), (True, False)], calls
+    finally:
+        release.set()
+    for got, texts in ((small, ["hello", "world hello"]), (await large, ["hello world " * 4, "world"])):
+        want = plain.encode(texts)
+        assert [list(i) for i in got.ids] == [list(i) for i in want.ids] and list(got.num_tokens) == list(want.num_tokens)

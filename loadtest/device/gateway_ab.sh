@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# On the GPU host, after setup.sh has unpacked a and b: an older gateway against this checkout's, on one machine
+# and one repository. BEFORE is a copy of the older checkout's tree inside this one (untracked, so that it travels
+# with the working tree), e.g. `git worktree add --detach before-tree REV` here, then copied as plain files.
+#
+#   bash loadtest/device/gateway_ab.sh build    # bench7's model, a repository by this builder, stack-check
+#   bash loadtest/device/gateway_ab.sh ab N     # bench7's scheduler part with each gateway in turn (round N: the
+#                                               # order of RUNS, reversed on even rounds)
+#   bash loadtest/device/gateway_ab.sh cpu      # cores per process group and GPU utilization, this gateway
+#   bash loadtest/device/gateway_ab.sh final N  # bench7 (peers, scheduler, ensemble), this gateway
+#
+# RUNS (default "old new seq"): old = BEFORE's gateway, new = this one, seq = this one with
+# TOKENIZERS_PARALLELISM=false (the Rust tokenizer's thread pool off in every worker). Shipped defaults otherwise
+# (8 workers on 16 cores). Results go under $OUT (device tool) or ./ab-out.
+set -euo pipefail
+BEFORE=${BEFORE:-before-tree}
+W=${GATEWAY_AB_WORK:-/tmp/i20g}
+OUT=${OUT:-ab-out}
+NAME=${NAME:-h100-20f}
+STEPS="single text c=256,32 texts c=16,short text c=1"
+mkdir -p "$W" "$OUT"
+
+case "${1:-}" in
+  build)
+    python3 -c "from pathlib import Path; from loadtest.models import make_bert; make_bert(Path('$W/model'), 'embed', 'base')"
+    python3 -m builder build --model "$W/model" --task embed --name bench --repository "$W/repository" \
+      --runtime python --formats onnx --device gpu 2>&1 | tail -3
+    python3 -m loadtest stack-check --repository "$W/repository" --model "$W/model" --served bench \
+      --name "$NAME" --out "$OUT/results"
+    ;;
+  ab)
+    order=${RUNS:-old new seq}
+    [ $(( ${2:-1} % 2 )) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
+    for run in $order; do
+      tree=.; env=()
+      [ "$run" = old ] && tree=$BEFORE
+      [ "$run" = seq ] && env=(TOKENIZERS_PARALLELISM=false)
+      (cd "$tree" && env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
+         --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
+         | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
+    done
+    tar -czf "$OUT/ab-runs-${2:-1}.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"  # the device tool brings back few files
+    ;;
+  cpu)
+    for step in "single text c=256" "32 texts c=16"; do
+      label=$(echo "$step" | tr ' =' '--')
+      python3 -m loadtest.experiments.host_cpu --seconds 75 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
+      python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
+        --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true
+      wait
+      cat "$OUT/host-cpu-$label.txt"
+    done
+    ;;
+  final)
+    python3 -m loadtest bench7 --name "$NAME-final${2:-1}" --parts peers,scheduler,ensemble \
+      --repository "$W/repository" --work "$W/bench" --out "$OUT/results"
+    ;;
+  *)
+    echo "usage: gateway_ab.sh build|ab N|cpu|final N" >&2; exit 2 ;;
+esac
