@@ -3,7 +3,8 @@
 # and one repository. BEFORE is a copy of the older checkout's tree inside this one (untracked, so that it travels
 # with the working tree), e.g. `git worktree add --detach before-tree REV` here, then copied as plain files.
 #
-#   bash loadtest/device/gateway_ab.sh build    # bench7's model, a repository by this builder, stack-check
+#   bash loadtest/device/gateway_ab.sh build    # bench7's model and a repository by this builder
+#   bash loadtest/device/gateway_ab.sh check    # stack-check on that repository (the hops of a lone text)
 #   bash loadtest/device/gateway_ab.sh ab N     # bench7's scheduler part with each gateway in turn (round N: the
 #                                               # order of RUNS, reversed on even rounds)
 #   bash loadtest/device/gateway_ab.sh cpu      # cores per process group and GPU utilization, this gateway
@@ -17,7 +18,7 @@ BEFORE=${BEFORE:-before-tree}
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
 NAME=${NAME:-h100-20f}
-STEPS="single text c=256,32 texts c=16,short text c=1"
+STEPS=${STEPS:-"single text c=256,32 texts c=16,short text c=1"}
 mkdir -p "$W" "$OUT"
 
 case "${1:-}" in
@@ -25,6 +26,8 @@ case "${1:-}" in
     python3 -c "from pathlib import Path; from loadtest.models import make_bert; make_bert(Path('$W/model'), 'embed', 'base')"
     python3 -m builder build --model "$W/model" --task embed --name bench --repository "$W/repository" \
       --runtime python --formats onnx --device gpu 2>&1 | tail -3
+    ;;
+  check)
     python3 -m loadtest stack-check --repository "$W/repository" --model "$W/model" --served bench \
       --name "$NAME" --out "$OUT/results"
     ;;
@@ -56,5 +59,5 @@ case "${1:-}" in
       --repository "$W/repository" --work "$W/bench" --out "$OUT/results"
     ;;
   *)
-    echo "usage: gateway_ab.sh build|ab N|cpu|final N" >&2; exit 2 ;;
+    echo "usage: gateway_ab.sh build|check|ab N|cpu|final N" >&2; exit 2 ;;
 esac
