@@ -68,15 +68,13 @@ class TextEncoder:
     def from_file(cls, path: str, max_seq_len: int) -> "TextEncoder":
         return cls(Tokenizer.from_file(path), max_seq_len)
 
-    def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right",
-               parallel: bool = True) -> EncodedTexts:
-        """Tokenize `texts` (or the pairs `texts[i]`, `pairs[i]`) in one call (parallel in Rust unless not
-        `parallel`: a few short texts are cheaper one by one than waking the tokenizer's thread pool); rows over
+    def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right") -> EncodedTexts:
+        """Tokenize `texts` (or the pairs `texts[i]`, `pairs[i]`) in one call (parallel in Rust); rows over
         max_seq_len are cut from `direction` as Hugging Face's truncation cuts them."""
         if direction not in ("right", "left"):
             raise ValueError(f"truncation direction must be right or left, not {direction!r}")
         inputs: list[Any] = texts if pairs is None else list(zip(texts, pairs))
-        encodings = _encode(self.tokenizer, inputs, parallel)
+        encodings = _encode(self.tokenizer, inputs)
         ids: list[np.ndarray] = []
         types: list[np.ndarray] = []
         any_type = False
@@ -95,7 +93,7 @@ class TextEncoder:
             types.append(type_array)
             any_type = any_type or bool(type_array.any())
         if over:
-            for i, encoding in zip(over, _encode(self._truncator(direction), [inputs[i] for i in over], parallel)):
+            for i, encoding in zip(over, _encode(self._truncator(direction), [inputs[i] for i in over])):
                 ids[i] = np.asarray(encoding.ids, dtype=np.int32)
                 types[i] = np.asarray(encoding.type_ids, dtype=np.int32)
         return EncodedTexts(ids, types if any_type else None, num_tokens)
@@ -146,16 +144,17 @@ class TextEncoder:
         return tokenizer
 
 
-def _encode(tokenizer: Tokenizer, inputs: list[Any], parallel: bool) -> list[Encoding]:
+def _encode(tokenizer: Tokenizer, inputs: list[Any]) -> list[Encoding]:
     """Encodings with special tokens; a lone surrogate anywhere is replaced (U+FFFD) and tried again."""
     try:
-        return _encode_once(tokenizer, inputs, parallel)
+        return _encode_once(tokenizer, inputs)
     except (TypeError, ValueError, UnicodeError):
         return _encode_once(tokenizer, [clean_text(i) if isinstance(i, str) else tuple(map(clean_text, i))
-                                        for i in inputs], parallel)
+                                        for i in inputs])
 
 
-def _encode_once(tokenizer: Tokenizer, inputs: list[Any], parallel: bool) -> list[Encoding]:
-    if parallel and len(inputs) > 1:
-        return tokenizer.encode_batch(inputs, add_special_tokens=True)
-    return [tokenizer.encode(one) if isinstance(one, str) else tokenizer.encode(one[0], one[1]) for one in inputs]
+def _encode_once(tokenizer: Tokenizer, inputs: list[Any]) -> list[Encoding]:
+    if len(inputs) == 1:  # one text: skip encode_batch's thread pool
+        one = inputs[0]
+        return [tokenizer.encode(one) if isinstance(one, str) else tokenizer.encode(one[0], one[1])]
+    return tokenizer.encode_batch(inputs, add_special_tokens=True)

@@ -80,14 +80,12 @@ class _Job:
 
 
 class TokenizerQueue:
-    """Tokenizes for one model. A small request (at most `inline_chars` characters) is encoded inline, text
-    by text, whatever else is under way: that costs less CPU than any hand-off to a thread, and less than
-    waking the Rust tokenizer's thread pool, in every worker of a many-core host (loadtest/results/
-    local-2core-20f-gateway-cpu). Larger requests are encoded off the event loop: the texts of concurrent
-    ones together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and runs on
-    several cores), while the next ones gather behind it. A very long request is encoded in a thread of its
-    own, so that the others never wait behind it. Other work on the tokenizer (`call`: /tokenize, /decode)
-    follows the same rule."""
+    """Tokenizes for one model off the event loop: the texts of concurrent requests are encoded
+    together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and
+    runs on several cores), while the next requests gather behind it. A small request that finds
+    the tokenizer idle is encoded inline: at low load that is quicker than a thread hop. A very long
+    request is encoded in a thread of its own, so that the short ones never wait behind it. Other work
+    on the tokenizer (`call`: /tokenize, /decode) follows the same rule."""
 
     SOLO_CHARS = 32_768
 
@@ -102,8 +100,8 @@ class TokenizerQueue:
         chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs is not None else 0)
         if chars > self.SOLO_CHARS:
             return await asyncio.to_thread(self.encoder.encode, texts, pairs, direction)
-        if chars <= self.inline_chars:
-            return self.encoder.encode(texts, pairs, direction, parallel=False)
+        if not self._busy and not self._waiting and chars <= self.inline_chars:
+            return self.encoder.encode(texts, pairs, direction)
         future: asyncio.Future[EncodedTexts] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Job(texts, pairs, direction, future))
         if not self._busy:
@@ -111,11 +109,11 @@ class TokenizerQueue:
         return await future
 
     async def call(self, work: Callable[[], T], chars: int) -> T:
-        """`work()` (a call of the tokenizer over `chars` characters or ids) as `encode` runs: inline when
-        small, in a thread of its own when very large, else in turn in the worker thread."""
+        """`work()` (a call of the tokenizer over `chars` characters or ids) off the event loop, as `encode` runs:
+        inline when small and the tokenizer is idle, in a thread of its own when very large, else in turn."""
         if chars > self.SOLO_CHARS:
             return await asyncio.to_thread(work)
-        if chars <= self.inline_chars:
+        if not self._busy and not self._waiting and chars <= self.inline_chars:
             return work()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Call(work, future))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Any
 
 import pytest
 import uvicorn
@@ -63,48 +62,3 @@ def test_gateway_serves_with_the_nodelay_protocol(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("GATEWAY_WORKERS", "2")
     entry.main()
     assert seen["http"] == "gateway.http_protocol:NoDelayHttpToolsProtocol" and seen["workers"] == 2
-
-
-async def _two_part_app(scope: dict, receive: Any, send: Any) -> None:  # type: ignore[type-arg]
-    """Answers each request as starlette's responses do: the head, then the body, two `send` calls."""
-    await receive()
-    body = b'{"ok":true}'
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def test_each_response_leaves_in_one_socket_write_and_a_close_sends_what_is_pending() -> None:
-    """Through the gateway's protocol, a response's head and body reach the socket's transport as one write
-    (two requests on one keep-alive connection: two writes); a malformed request's 400, which uvicorn writes and
-    then closes the connection, still arrives whole."""
-    writes: list[bytes] = []
-
-    class Recording(NoDelayHttpToolsProtocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            real_write = transport.write
-            transport.write = lambda data: (writes.append(bytes(data)), real_write(data))[1]  # type: ignore[method-assign]
-            super().connection_made(transport)
-
-    config = uvicorn.Config(app=_two_part_app, http=Recording, log_config=None)
-    config.load()
-    state = ServerState()
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Recording(config=config, server_state=state, app_state={}),
-                                      "127.0.0.1", 0)
-    host, port = server.sockets[0].getsockname()[:2]
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-        for _ in range(2):
-            writer.write(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}")
-            head = await reader.readuntil(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 200") and await reader.readexactly(11) == b'{"ok":true}'
-        writer.close()
-        assert len(writes) == 2 and all(w.startswith(b"HTTP/1.1 200") and w.endswith(b'{"ok":true}') for w in writes)
-        reader, writer = await asyncio.open_connection(host, port)
-        writer.write(b"NOT HTTP\r\n\r\n")
-        answer = await reader.read()  # until the server closes
-        assert answer.startswith(b"HTTP/1.1 400") and answer.endswith(b"Invalid HTTP request received."), answer
-        writer.close()
-    finally:
-        server.close()
