@@ -262,23 +262,26 @@ def test_the_probe_paths_are_served_probes() -> None:
 
 def test_new_request_ids_are_unique_within_a_process_and_across_a_fork() -> None:
     """Generated ids (a per-process prefix and a counter): 32 hex digits, no repeat within a worker, and a
-    forked worker does not repeat its parent's (the prefix is drawn again in the child)."""
-    import os
+    forked worker does not repeat its parent's (the prefix is drawn again in the child). The fork runs in a
+    fresh interpreter of its own: forking this test process, with its gRPC threads, could hang the child."""
     import re
+    import subprocess
+    import sys
 
     from gateway.api.middleware import request_id
 
     scope: Scope = {"headers": []}
     ids = [request_id(scope, b"x-request-id") for _ in range(1000)]
     assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next id, to the parent
-        os.write(write, request_id(scope, b"x-request-id").encode())
-        os._exit(0)
-    os.close(write)
-    child = os.read(read, 64).decode()
-    os.waitpid(pid, 0)
-    os.close(read)
-    parent_next = request_id(scope, b"x-request-id")
-    assert re.fullmatch(r"[0-9a-f]{32}", child) and child[:16] != parent_next[:16], (child, parent_next)
+    code = (
+        "import os\n"
+        "from gateway.api.middleware import request_id\n"
+        "request_id({'headers': []}, b'x')\n"
+        "read, write = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.write(write, request_id({'headers': []}, b'x').encode()); os._exit(0)\n"
+        "os.wait()\n"
+        "print(os.read(read, 64).decode(), request_id({'headers': []}, b'x'))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    child, parent = done.stdout.split()
+    assert re.fullmatch(r"[0-9a-f]{32}", child) and child[:16] != parent[:16], (child, parent)
