@@ -44,20 +44,8 @@ case "${1:-}" in
     done
     tar -czf "$OUT/ab-runs-${2:-1}.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"  # the device tool brings back few files
     ;;
-  cpu)
-    for step in "single text c=256" "32 texts c=16"; do
-      label=$(echo "$step" | tr ' =' '--')
-      python3 -m loadtest.experiments.host_cpu --seconds 75 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
-      python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
-        --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true
-      wait
-      cat "$OUT/host-cpu-$label.txt"
-    done
-    ;;
-  final)
-    python3 -m loadtest bench7 --name "$NAME-final${2:-1}" --parts peers,scheduler,ensemble \
-      --repository "$W/repository" --work "$W/bench" --out "$OUT/results"
-    ;;
+  cpu|final)  # graph_ab.sh's, on this repository
+    REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" exec bash "$(dirname "$0")/graph_ab.sh" "$@" ;;
   *)
     echo "usage: gateway_ab.sh build|check|ab N|cpu|final N" >&2; exit 2 ;;
 esac

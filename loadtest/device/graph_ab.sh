@@ -17,6 +17,7 @@ BEFORE=${BEFORE:-before-tree}
 W=${GRAPH_AB_WORK:-/tmp/i20}
 OUT=${OUT:-ab-out}
 NAME=${NAME:-h100-20b}
+REPO=${REPO:-$W/new/repository}  # what cpu and final serve (gateway_ab.sh points it at its own)
 STEPS="single text c=256,32 texts c=16,short text c=1"
 mkdir -p "$W" "$OUT"
 
@@ -67,14 +68,14 @@ PY
       label=$(echo "$step" | tr ' =' '--')
       python3 -m loadtest.experiments.host_cpu --seconds 75 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
       python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
-        --repository "$W/new/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true
+        --repository "$REPO" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true
       wait
       cat "$OUT/host-cpu-$label.txt"
     done
     ;;
   final)
     python3 -m loadtest bench7 --name "$NAME-final${2:-1}" --parts peers,scheduler,ensemble \
-      --repository "$W/new/repository" --work "$W/bench" --out "$OUT/results"
+      --repository "$REPO" --work "$W/bench" --out "$OUT/results"
     ;;
   *)
     echo "usage: graph_ab.sh build|step|ab|cpu|final [N]" >&2; exit 2 ;;
