@@ -12,7 +12,7 @@
 #
 # RUNS (default "old new seq"): old = BEFORE's gateway, new = this one, seq = this one with
 # TOKENIZERS_PARALLELISM=false (the Rust tokenizer's thread pool off in every worker). Shipped defaults otherwise
-# (8 workers on 16 cores). Results go under $OUT (device tool) or ./ab-out.
+# (auto workers: 9 on the 16-core H100 host). Results go under $OUT (device tool) or ./ab-out.
 set -euo pipefail
 BEFORE=${BEFORE:-before-tree}
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
