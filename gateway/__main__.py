@@ -18,6 +18,16 @@ from gateway.triton.shm_pool import ShmUnavailable, probe_cuda
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # must be set before prometheus_client is imported
 
 
+def tokenizer_environment(settings: GatewaySettings) -> dict[str, str]:
+    """The variables that size the Rust tokenizer's pool in every worker (GATEWAY_TOKENIZER_THREADS), read when a
+    worker first tokenizes: 1 thread turns the pool off, n keeps n. They replace any already set (a process
+    that imported the builder has TOKENIZERS_PARALLELISM=true), so that the one setting decides."""
+    threads = settings.tokenizer_thread_count
+    if threads == 1:
+        return {"TOKENIZERS_PARALLELISM": "false"}
+    return {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": str(threads)}
+
+
 def prepare_metrics_dir(settings: GatewaySettings) -> Path | None:
     """With several workers, give prometheus-client an empty shared multiprocess directory.
 
@@ -52,6 +62,8 @@ def main() -> None:
     settings = GatewaySettings()
     configure_logging(settings.log_level)
     check_transport(settings)
+    os.environ.pop("RAYON_NUM_THREADS", None)
+    os.environ.update(tokenizer_environment(settings))  # before any worker starts or tokenizes
     metrics_dir = prepare_metrics_dir(settings)
     try:
         uvicorn.run(

@@ -109,6 +109,13 @@ class GatewaySettings(BaseSettings):
         "CPU quota (a container limit), else half the host's CPUs (the rest is left to Triton's python "
         "stubs and tokenizers). Each worker batches its own requests; Triton merges the batches of all workers.",
     )
+    tokenizer_threads: int | Literal["auto"] = Field(
+        "auto", description="Threads of the Rust tokenizer's pool in each worker: a number (1 = no pool: the worker "
+        "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else half the "
+        "host's), so that the workers' pools together do not outnumber them (1 with the default workers). Without "
+        "it every worker starts a pool as large as the host, and idle pool threads spin: 19% more CPU per "
+        "32-text request with 16 threads on the 2-core VM (loadtest/results/local-2core-20g-gateway-cpu).",
+    )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
     )
@@ -118,19 +125,26 @@ class GatewaySettings(BaseSettings):
         "", description="PROMETHEUS_MULTIPROC_DIR for several workers; empty = a fresh temp dir."
     )
 
-    @field_validator("workers", mode="before")
+    @field_validator("workers", "tokenizer_threads", mode="before")
     @classmethod
-    def _workers(cls, value: object) -> object:
+    def _count_or_auto(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)
         if isinstance(value, int) and value < 1:
-            raise ValueError("workers must be at least 1 (or auto)")
+            raise ValueError("must be at least 1 (or auto)")
         return value
 
     @property
     def worker_count(self) -> int:
         """`workers`, with `auto` resolved for this host."""
         return self.workers if isinstance(self.workers, int) else auto_workers()
+
+    @property
+    def tokenizer_thread_count(self) -> int:
+        """`tokenizer_threads`, with `auto` resolved: the gateway's CPUs shared by its workers, at least 1."""
+        if isinstance(self.tokenizer_threads, int):
+            return self.tokenizer_threads
+        return max(1, gateway_cpus() // self.worker_count)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
@@ -149,14 +163,19 @@ def cpu_quota() -> int | None:
     return None if quota == "max" else max(1, int(int(quota) / int(period)))
 
 
-def auto_workers() -> int:
-    """GATEWAY_WORKERS=auto, 1 to 8: the CPUs of this process's own quota (a gateway container with a CPU
-    limit has them to itself); without one, half the CPUs it may run on (the other half is left to
-    Triton's python stubs and tokenizers on the same host: 8 on a 16-core GPU host, measured best there,
-    loadtest/results/h100-20-tuning)."""
+def gateway_cpus() -> int:
+    """The CPUs the gateway counts as its own, at least 1: those of this process's quota (a gateway container
+    with a CPU limit has them to itself); without one, half the CPUs it may run on (the other half is left to
+    Triton's python stubs and tokenizers on the same host)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cpu_quota()
-    return max(1, min(8, min(quota, cpus) if quota is not None else cpus // 2))
+    return max(1, min(quota, cpus) if quota is not None else cpus // 2)
+
+
+def auto_workers() -> int:
+    """GATEWAY_WORKERS=auto, 1 to 8: the gateway's CPUs (`gateway_cpus`: 8 on a 16-core GPU host, measured
+    best there, loadtest/results/h100-20-tuning)."""
+    return min(8, gateway_cpus())
 
 
 @lru_cache(maxsize=1)

@@ -5,9 +5,10 @@
 Builds loadtest/models.py's `small` BERT embedder (--runtime python, CPU), starts one tritonserver
 on it and two gateways (one worker each, scheduler pipeline, system shm): `before` runs a git
 worktree of REV, `after` this checkout. Each round times, for both gateways in turn (order
-alternating): 200 sequential `/embed` calls of 1 text, 50 of 8 texts (latency), and 2000 calls of
+alternating): 200 sequential `/embed` calls of 1 text, 50 of 8 texts (latency), 2000 calls of
 1 text from 16 concurrent keep-alive connections (throughput, and the gateway's own CPU time per
-request: user + system of its processes), on the realistic corpus (loadtest/corpus.py).
+request: user + system of its processes), and 150 calls of 32 texts from 4 connections (CPU per request),
+on the realistic corpus (loadtest/corpus.py).
 Prints medians over rounds and the after/before ratios; `--out` writes results.json + summary.md.
 """
 
@@ -34,6 +35,7 @@ from tests.fixtures.repository import build_repository
 
 LABELS = ("before", "after")
 CONCURRENT_CALLS = 2000
+BATCH_CALLS = 150  # of 32 texts, from 4 clients
 
 
 async def sequential(client: httpx.AsyncClient, texts: list[str], batch: int, calls: int) -> float:
@@ -48,9 +50,9 @@ async def sequential(client: httpx.AsyncClient, texts: list[str], batch: int, ca
     return statistics.median(times)
 
 
-async def concurrent(url: str, texts: list[str], clients: int, calls: int) -> float:
-    """Requests per second of `calls` one-text /embed calls from `clients` concurrent keep-alive connections
-    (the storm harness's lean raw-HTTP client: the load generator's own cost stays small)."""
+async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch: int = 1) -> float:
+    """Requests per second of `calls` /embed calls of `batch` texts from `clients` concurrent keep-alive
+    connections (the storm harness's lean raw-HTTP client: the load generator's own cost stays small)."""
     from loadtest.storm import Connection
 
     queue = iter(range(calls))
@@ -59,7 +61,8 @@ async def concurrent(url: str, texts: list[str], clients: int, calls: int) -> fl
 
     async def worker(connection: Connection) -> None:
         for i in queue:
-            status, _, body = await connection.post("/embed", orjson.dumps({"inputs": [texts[i % len(texts)]]}))
+            chunk = [texts[(i * batch + k) % len(texts)] for k in range(batch)]
+            status, _, body = await connection.post("/embed", orjson.dumps({"inputs": chunk}))
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
 
@@ -86,7 +89,8 @@ def cpu_seconds(pid: int) -> float:
 async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int
                   ) -> dict[str, dict[str, list[float]]]:
     results: dict[str, dict[str, list[float]]] = {
-        label: {"1 text ms": [], "8 texts ms": [], "16 clients req/s": [], "gateway CPU us per 1-text request": []}
+        label: {"1 text ms": [], "8 texts ms": [], "16 clients req/s": [], "gateway CPU us per 1-text request": [],
+                "gateway CPU us per 32-text request": []}
         for label in LABELS}
     limits = httpx.Limits(max_connections=32)
     async with httpx.AsyncClient(base_url=urls["before"], limits=limits, timeout=60) as before, \
@@ -103,6 +107,9 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
                 out["16 clients req/s"].append(await concurrent(urls[label], texts, 16, CONCURRENT_CALLS))
                 out["gateway CPU us per 1-text request"].append(
                     (cpu_seconds(pids[label]) - cpu) / CONCURRENT_CALLS * 1e6)
+                cpu = cpu_seconds(pids[label])
+                await concurrent(urls[label], texts, 4, BATCH_CALLS, batch=32)
+                out["gateway CPU us per 32-text request"].append((cpu_seconds(pids[label]) - cpu) / BATCH_CALLS * 1e6)
     return results
 
 
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(rows)
     head = (f"before = {args.before}, after = working tree; small BERT embedder (--runtime python, CPU, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
-            "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase")
+            "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) and the 4-client phase (32 texts)")
     print(head + "\n\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

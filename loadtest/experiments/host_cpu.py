@@ -1,5 +1,6 @@
 """Where a host's CPU goes under load: cores used by each process group (the load generator, the gateway, tritonserver,
-the python-backend stubs, the rest) and the GPU's utilization, sampled every `--interval` seconds from /proc and
+the python-backend stubs, the rest), the gateway's by kind of thread (event loops, grpc's threads, the others), and
+the GPU's utilization, sampled every `--interval` seconds from /proc and
 nvidia-smi. Start it, then the load; samples while the load generator is busy are summarized (median per group).
 
     python -m loadtest.experiments.host_cpu --seconds 150 --out cpu.json &
@@ -52,6 +53,31 @@ def cpu_ticks() -> dict[int, tuple[str, int]]:
     return {pid: (group(pid), ticks) for pid, (_, _, ticks) in seen.items()}
 
 
+GRPC_THREADS = ("grpc", "event_engine", "lifeguard", "default-executo", "resolver-execut")
+
+
+def gateway_thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, int]]:
+    """(pid, tid) -> (kind, user + system ticks) of every thread of the gateway's processes `pids`. Kinds: the event
+    loop (a process's main thread), grpc's own threads (by name), the other threads (the tokenizer's: asyncio's
+    worker threads and the Rust tokenizer's pool; grpc.aio's poller)."""
+    ticks: dict[tuple[int, int], tuple[str, int]] = {}
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kind = ("gateway: event loops" if tid == pid else "gateway: grpc threads" if comm.startswith(GRPC_THREADS)
+                    else "gateway: other threads")
+            ticks[(pid, tid)] = (kind, int(fields[11]) + int(fields[12]))
+    return ticks
+
+
 def host_busy() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -64,14 +90,21 @@ def sample(interval: float) -> dict[str, float]:
     gpu = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms",
                             "100"], stdout=subprocess.PIPE, text=True) if _has_nvidia_smi() else None
     before, busy0 = cpu_ticks(), host_busy()
+    gateway = [pid for pid, (group, _) in before.items() if group == "gateway"]
+    threads_before = gateway_thread_ticks(gateway)
     started = time.perf_counter()
     time.sleep(interval)  # the measurement window itself, not synchronisation
     after, busy1 = cpu_ticks(), host_busy()
+    threads_after = gateway_thread_ticks(gateway)
     elapsed = time.perf_counter() - started
     cores: dict[str, float] = {}
     for pid, (group, ticks) in after.items():
         used = ticks - before[pid][1] if pid in before else ticks  # a process born in the window: all of it
         cores[group] = cores.get(group, 0.0) + used / TICKS / elapsed
+    for key, (kind, ticks) in threads_after.items():
+        used = ticks - threads_before[key][1] if key in threads_before else ticks
+        cores[kind] = cores.get(kind, 0.0) + used / TICKS / elapsed
+    cores["gateway threads (count)"] = float(len(threads_after))
     cores["host (all CPUs)"] = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * (os.cpu_count() or 1)
     if gpu is not None:
         gpu.terminate()

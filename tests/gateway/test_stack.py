@@ -9,9 +9,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import openai
+import psutil
 import pytest
 
 from devstack.stack import LocalStack
+from gateway.settings import gateway_cpus
 from tests.gateway.conftest import shm_segments
 from devstack.fake_repository import EMBED_DIM, fake_vector
 
@@ -28,6 +30,7 @@ def test_two_workers_openai_client_metrics_and_no_leak(
     temp = tmp_path / "tmp"  # the gateway's TMPDIR: where its multiprocess metrics directory goes
     temp.mkdir()
     monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # as the builder leaves it: GATEWAY_TOKENIZER_THREADS decides
     stack = LocalStack(fake_repository, gateway_settings={"workers": "2", "shm_prefix": prefix}, log_dir=tmp_path)
     with stack:
         assert [p.name for p in temp.iterdir()][0].startswith("gateway-metrics-")
@@ -37,6 +40,11 @@ def test_two_workers_openai_client_metrics_and_no_leak(
         while len(shm_segments(prefix)) < 2 * 3 * 16 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(shm_segments(prefix)) == 2 * 3 * 16  # workers x ensembles x pool size
+        assert stack.gateway.process is not None
+        children = psutil.Process(stack.gateway.process.pid).children()  # the workers (and multiprocessing's helper)
+        assert len(children) >= 2
+        for worker in children:  # 2 workers on this host's share of CPUs: each tokenizes on one thread, no pool
+            assert worker.environ().get("TOKENIZERS_PARALLELISM") == ("false" if gateway_cpus() // 2 <= 1 else "true")
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         inputs = ["first text", "second one", "third"]
         floats = client.embeddings.create(model="fakeemb", input=inputs, encoding_format="float")

@@ -14,6 +14,8 @@ from tritonclient.utils import serialize_byte_tensor
 from gateway.api.schemas import ClassifyRequest, OpenAIEmbeddingRequest
 from gateway.service.classify import softmax
 from gateway.service.embed import l2_normalize
+import gateway.settings
+from gateway.__main__ import tokenizer_environment
 from gateway.settings import GatewaySettings
 from gateway.triton.shm_pool import (
     Region,
@@ -36,6 +38,20 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_SHM", "gpu")
     with pytest.raises(ValidationError):
         GatewaySettings()
+
+
+def test_tokenizer_pool_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: the gateway's CPUs shared by its workers, at least 1 (= no pool); or the number named."""
+    monkeypatch.setattr(gateway.settings, "gateway_cpus", lambda: 8)
+    off = {"TOKENIZERS_PARALLELISM": "false"}
+    assert GatewaySettings(workers="auto").tokenizer_thread_count == 1
+    assert tokenizer_environment(GatewaySettings(workers=8)) == off
+    assert tokenizer_environment(GatewaySettings(workers=9)) == off
+    assert tokenizer_environment(GatewaySettings(workers=2)) == {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "4"}
+    assert tokenizer_environment(GatewaySettings(workers=2, tokenizer_threads="1")) == off
+    assert tokenizer_environment(GatewaySettings(workers=8, tokenizer_threads=3))["RAYON_NUM_THREADS"] == "3"
+    with pytest.raises(ValidationError):
+        GatewaySettings(tokenizer_threads=0)
 
 
 @pytest.mark.parametrize("inputs", [[], [1], ["a", None], 5, None])
