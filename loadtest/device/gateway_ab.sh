@@ -7,12 +7,13 @@
 #   bash loadtest/device/gateway_ab.sh check    # stack-check on that repository (the hops of a lone text)
 #   bash loadtest/device/gateway_ab.sh ab N     # bench7's scheduler part with each gateway in turn (round N: the
 #                                               # order of RUNS, reversed on even rounds)
-#   bash loadtest/device/gateway_ab.sh cpu      # cores per process group and GPU utilization, this gateway
+#   bash loadtest/device/gateway_ab.sh cpu      # cores per process group, per kind of gateway thread, and GPU
+#                                               # utilization during each of STEPS, for each of RUNS (old, new)
 #   bash loadtest/device/gateway_ab.sh final N  # bench7 (peers, scheduler, ensemble), this gateway
 #
-# RUNS (default "old new seq"): old = BEFORE's gateway, new = this one, seq = this one with
-# TOKENIZERS_PARALLELISM=false (the Rust tokenizer's thread pool off in every worker). Shipped defaults otherwise
-# (auto workers: 9 on the 16-core H100 host). Results go under $OUT (device tool) or ./ab-out.
+# RUNS (default "old new pool"): old = BEFORE's gateway, new = this one, pool = this one with
+# GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
+# setting). Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device tool) or ./ab-out.
 set -euo pipefail
 BEFORE=${BEFORE:-before-tree}
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
@@ -32,19 +33,34 @@ case "${1:-}" in
       --name "$NAME" --out "$OUT/results"
     ;;
   ab)
-    order=${RUNS:-old new seq}
+    order=${RUNS:-old new pool}
     [ $(( ${2:-1} % 2 )) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
     for run in $order; do
       tree=.; env=()
       [ "$run" = old ] && tree=$BEFORE
-      [ "$run" = seq ] && env=(TOKENIZERS_PARALLELISM=false)
+      [ "$run" = pool ] && env=(GATEWAY_TOKENIZER_THREADS=$(nproc))
       (cd "$tree" && env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
          --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
     done
     tar -czf "$OUT/ab-runs-${2:-1}.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"  # the device tool brings back few files
     ;;
-  cpu|final)  # graph_ab.sh's, on this repository
+  cpu)  # cores per process group and per kind of gateway thread (this checkout's host_cpu) during each step, per run
+    here=$(pwd)
+    for run in ${RUNS:-old new}; do
+      tree=.; [ "$run" = old ] && tree=$BEFORE
+      IFS=, read -ra steps <<< "$STEPS"
+      for step in "${steps[@]}"; do
+        label=$run-$(echo "$step" | tr ' =' '--')
+        python3 -m loadtest.experiments.host_cpu --seconds 60 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
+        (cd "$tree" && python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
+           --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true)
+        wait
+        echo "== $label"; cat "$OUT/host-cpu-$label.txt"
+      done
+    done
+    cd "$here" ;;
+  final)  # graph_ab.sh's, on this repository
     REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" exec bash "$(dirname "$0")/graph_ab.sh" "$@" ;;
   *)
     echo "usage: gateway_ab.sh build|check|ab N|cpu|final N" >&2; exit 2 ;;

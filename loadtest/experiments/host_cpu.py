@@ -1,7 +1,7 @@
 """Where a host's CPU goes under load: cores used by each process group (the load generator, the gateway, tritonserver,
 the python-backend stubs, the rest), the gateway's by kind of thread (event loops, grpc's threads, the others), and
 the GPU's utilization, sampled every `--interval` seconds from /proc and
-nvidia-smi. Start it, then the load; samples while the load generator is busy are summarized (median per group).
+nvidia-smi. Start it, then the load; samples while the gateway is busy are summarized (median per group).
 
     python -m loadtest.experiments.host_cpu --seconds 150 --out cpu.json &
     python -m loadtest bench7 --parts scheduler --steps "single text c=256" ...
@@ -121,14 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.experiments.host_cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--interval", type=float, default=2.0)
-    parser.add_argument("--busy", type=float, default=1.0, help="load generator cores that mark a sample as under load")
+    parser.add_argument("--busy", type=float, default=1.0,
+                        help="gateway cores that mark a sample as under load (the load generator also works while it "
+                             "prepares its corpus, the gateway only under load)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     samples = []
     end = time.monotonic() + args.seconds
     while time.monotonic() < end:
         samples.append(sample(args.interval))
-    loaded = [s for s in samples if s.get("load generator", 0.0) >= args.busy]
+    loaded = [s for s in samples if s.get("gateway", 0.0) >= args.busy]
     keys = sorted({k for s in loaded for k in s})
     summary = {k: statistics.median(s.get(k, 0.0) for s in loaded) for k in keys} if loaded else {}
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), "interval_s": args.interval, "samples": samples,
