@@ -114,6 +114,9 @@ class Param:
     # layout packed: the ids the embedding tables hold; the runner refuses a request with others
     VOCAB_SIZE = "vocab_size"
     TYPE_VOCAB_SIZE = "type_vocab_size"
+    # layout packed: "true"/"false", whether runs are filled up to a few token counts (contract/packing.py,
+    # filled_tokens); absent = on a GPU instance only
+    FILL_TOKENS = "fill_tokens"
 
 
 def output_name(task: Task) -> str:

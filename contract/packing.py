@@ -37,6 +37,12 @@ GRAPH_INPUTS = (INPUT_IDS, TOKEN_TYPE_IDS, CU_SEQLENS, TOKEN_OFFSET, POSITION_ID
 # A run's rows x tokens, bounded: a packed graph's mean pooling multiplies a [rows, tokens] float32
 # membership matrix with the hidden states (one deterministic GEMM); 2**26 cells are 256 MiB.
 MAX_RUN_CELLS = 1 << 26
+# Token counts a run on the GPU is filled up to (`filled_tokens`): multiples of 8 up to 256 tokens, then 32 sizes per
+# doubling. Every GEMM of the graph has the run's token count as its row count, and cuBLAS chooses an algorithm
+# per new shape on the host: with raw token counts (nearly every call a new one) that took most of a step's time
+# under load on the H100 (loadtest/results/h100-20g-stub-profile).
+FILL_MIN_STEP = 8
+FILL_SIZES_PER_DOUBLING = 32
 
 
 class PackingError(ValueError):
@@ -78,6 +84,22 @@ class PackedRows:
         if ROW_IDS in names:
             feed[ROW_IDS] = np.arange(self.rows, dtype=np.int32)
         return {name: value for name, value in feed.items() if name in names}
+
+    def filled(self, tokens: int, max_row: int) -> PackedRows:
+        """These rows, then filler rows (token id 0, type 0) up to `tokens` tokens in all. Each row attends and
+        pools only within itself, so the filler leaves the real rows' outputs as they are; theirs are the first
+        `rows` rows (and `tokens` tokens) of the result. A filler row is no longer than `max_row` (max_seq_len)
+        nor than the longest row here (at least FILL_MIN_STEP), so that the widest row, which sizes
+        token_offset and the attention's padded views, stays the same."""
+        extra = tokens - self.tokens
+        if extra <= 0:
+            return self
+        longest = int(self.lengths.max()) if self.rows else max_row
+        max_row = max(1, min(max_row, max(longest, FILL_MIN_STEP)))
+        lengths = [max_row] * (extra // max_row) + ([extra % max_row] if extra % max_row else [])
+        filler = np.zeros(extra, np.int32)
+        return PackedRows(np.concatenate([self.input_ids, filler]), np.concatenate([self.token_type_ids, filler]),
+                          cu_seqlens_of(np.concatenate([self.lengths, np.asarray(lengths, np.int64)])))
 
     def slice_rows(self, start: int, stop: int) -> PackedRows:
         """Rows start..stop-1 as a batch of their own (cu_seqlens re-based to 0)."""
@@ -200,6 +222,23 @@ def concat(parts: Sequence[PackedRows]) -> PackedRows:
     return PackedRows(np.concatenate([p.input_ids for p in parts]).astype(np.int32, copy=False),
                       np.concatenate([p.token_type_ids for p in parts]).astype(np.int32, copy=False),
                       cu_seqlens_of(lengths))
+
+
+def filled_tokens(tokens: int, limit: int) -> int:
+    """The token count a run of `tokens` is filled up to: the next multiple of 8 up to 256, above that of 1/32 of
+    the power of two at or below `tokens` (at most 1/32 more tokens); never past max(tokens, limit)."""
+    step = max(FILL_MIN_STEP, (1 << (tokens.bit_length() - 1)) // FILL_SIZES_PER_DOUBLING)
+    return min(-(-tokens // step) * step, max(tokens, limit))
+
+
+def fill_sizes(limit: int) -> list[int]:
+    """Every token count `filled_tokens` gives for runs of 1 to `limit` tokens, ascending."""
+    sizes: list[int] = []
+    tokens = 1
+    while tokens <= limit:
+        sizes.append(filled_tokens(tokens, limit))
+        tokens = sizes[-1] + 1
+    return sizes
 
 
 def cut_runs(lengths: Sequence[int] | np.ndarray, max_tokens: int, max_cells: int = MAX_RUN_CELLS

@@ -15,6 +15,8 @@ from contract.packing import (
     concat,
     cu_seqlens_of,
     cut_runs,
+    fill_sizes,
+    filled_tokens,
     from_rows,
     pack_padded,
     packed_request,
@@ -143,3 +145,29 @@ def test_runs_hold_at_most_the_budget_in_arrival_order() -> None:
     assert cut_runs([], max_tokens=10) == []
     # rows x tokens bounded too (the mean pooling's [rows, tokens] matrix): 1-token rows
     assert cut_runs([1] * 10, max_tokens=100, max_cells=16) == [(0, 4), (4, 8), (8, 10)]
+
+
+def test_filled_token_counts_are_few_and_close_above_the_real_count() -> None:
+    """Every count from 1 to the budget fills to one of a few sizes (the GEMM shapes cuBLAS meets again), at most
+    1/32 more above 256 tokens and at most 7 more below, never past the budget nor below the real count."""
+    limit = 16384
+    sizes = fill_sizes(limit)
+    assert len(sizes) == len(set(sizes)) <= 256 and sizes == sorted(sizes) and sizes[-1] == limit
+    for tokens in range(1, limit + 1):
+        filled = filled_tokens(tokens, limit)
+        assert tokens <= filled <= limit and filled in sizes
+        assert filled - tokens <= (7 if tokens < 256 else tokens / 32), tokens
+    assert filled_tokens(20000, limit) == 20000  # a row longer than the budget runs alone, unfilled
+
+
+def test_filler_rows_follow_the_real_rows_and_keep_the_widest_row() -> None:
+    rows = from_rows([[2, 10, 3], [2, 11, 12, 13, 14, 3]], [[0, 0, 0], [0, 0, 1, 1, 1, 1]])
+    filled = rows.filled(40, max_row=64)
+    assert filled.tokens == 40 and filled.input_ids[:9].tolist() == rows.input_ids.tolist()
+    assert filled.token_type_ids[:9].tolist() == rows.token_type_ids.tolist()
+    assert filled.cu_seqlens[:3].tolist() == rows.cu_seqlens.tolist()
+    assert filled.lengths.tolist() == [3, 6, 8, 8, 8, 7]  # filler rows no wider than the widest row (at least 8)
+    assert not filled.input_ids[9:].any() and not filled.token_type_ids[9:].any()
+    assert rows.filled(9, max_row=64) is rows
+    only = PackedRows(np.zeros(0, np.int32), np.zeros(0, np.int32), cu_seqlens_of([])).filled(150, max_row=64)
+    assert only.lengths.tolist() == [64, 64, 22]  # a warm-up run: filler rows of max_seq_len

@@ -89,7 +89,9 @@ class TritonPythonModel:
                 return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
 
             steps = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
-                                (number("vocab_size"), number("type_vocab_size")))
+                                (number("vocab_size"), number("type_vocab_size")),
+                                fill=parameters.get("fill_tokens", {}).get("string_value", "") == "true"
+                                or (kind == "GPU" and "fill_tokens" not in parameters))
             warmed = steps.warm_up(gpu=kind == "GPU")
             self._execute = SkipCancelled(steps)
         else:

@@ -31,6 +31,8 @@ from packing import (
     concat,
     cu_seqlens_of,
     cut_runs,
+    fill_sizes,
+    filled_tokens,
     pack_padded,
     packed_request,
 )
@@ -57,8 +59,11 @@ class PackedSteps:
     """execute(requests) -> responses for a packed graph run by one onnxruntime session. `outputs`: the graph's
     per-row output (pooled embeddings, logits) first, then its per-token outputs ([T, ...] in the graph)."""
 
-    def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None)):
+    def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None), fill=False):
         self.session, self.outputs = session, list(outputs)
+        # on the GPU each run is filled up to one of a few token counts (packing.py, filled_tokens): cuBLAS then
+        # meets each GEMM shape again instead of choosing an algorithm for a new one on nearly every call
+        self.fill = fill
         self.inputs = frozenset(i.name for i in session.get_inputs())  # the index tensors it reads, computed here
         self.max_tokens, self.max_seq_len = max_tokens, max_seq_len
         self.vocab_sizes = vocab_sizes  # (token ids, token types) the embedding tables hold; None = unchecked
@@ -98,8 +103,11 @@ class PackedSteps:
         owner_of_row = np.repeat(np.arange(len(parts)), [rows.rows for _, rows, _, _ in parts])
         merged, failed = {}, {}
         for start, stop in cut_runs(batch.lengths, self.max_tokens):
+            run = batch.slice_rows(start, stop)
+            if self.fill:
+                run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
-                outs = self.session.run(names, batch.slice_rows(start, stop).feed(self.inputs))
+                outs = self.session.run(names, run.feed(self.inputs))
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 for part in set(owner_of_row[start:stop].tolist()):
@@ -111,7 +119,7 @@ class PackedSteps:
                 low, high = (start, stop) if per_row else (first, last)
                 if name not in merged:
                     merged[name] = np.empty((batch.rows if per_row else batch.tokens, *out.shape[1:]), np.float32)
-                merged[name][low:high] = out
+                merged[name][low:high] = out[:high - low]  # without a filled run's filler rows or tokens
         row = 0
         for part, (index, rows, width, wanted) in enumerate(parts):
             if part in failed:
@@ -136,11 +144,14 @@ class PackedSteps:
             out[k, :stop - start] = tokens[start:stop]
         return out
 
+    def _longest_filler(self):
+        return self.max_seq_len or WARMUP_SHORT_TOKENS
+
     def warm_up(self, gpu):
         """Run a few token counts once, bounded by the token budget: a short row; on a GPU also the budget in rows
-        of max_seq_len (the largest attention) and in short rows (the largest mean-pooling matrix). Unlike padded
-        shapes, a new token count costs the packed graph little on the CUDA provider (measured in
-        loadtest/packed_step.py), so these allocate memory rather than cover every shape."""
+        of max_seq_len (the largest attention) and in short rows (the largest mean-pooling matrix), then, when runs
+        are filled, each token count a run is filled up to (filler rows only), so that cuBLAS has chosen every
+        GEMM's algorithm and loaded its kernels before the first request."""
         longest = self.max_seq_len or WARMUP_SHORT_TOKENS
         sizes = [(1, min(WARMUP_SHORT_TOKENS, longest))]
         if gpu:
@@ -153,4 +164,9 @@ class PackedSteps:
             feed = PackedRows(ids, np.zeros_like(ids), cu_seqlens_of([length] * rows))
             for first, stop in cut_runs(feed.lengths, self.max_tokens):
                 self.session.run(self.outputs, feed.slice_rows(first, stop).feed(self.inputs))
-        return f"packed layout, {len(sizes)} warm-up runs in {time.perf_counter() - start:.1f}s"
+        filled = fill_sizes(self.max_tokens) if self.fill else []
+        nothing = PackedRows(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int32))
+        for tokens in filled:
+            self.session.run(self.outputs, nothing.filled(tokens, self._longest_filler()).feed(self.inputs))
+        return (f"packed layout, {len(sizes) + len(filled)} warm-up runs ({len(filled)} filled token counts) in "
+                f"{time.perf_counter() - start:.1f}s")

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from builder.packing import GPU_ATTENTION, PackingError, cpu_form, packed_model, truly_packed
 from builder.parity import compare
 from contract import CU_SEQLENS, INPUT_IDS, POSITION_IDS, ROW_IDS, TOKEN_OFFSET, TOKEN_ROWS, TOKEN_TYPE_IDS
-from contract.packing import PackedRows, pack_padded
+from contract.packing import PackedRows, cu_seqlens_of, filled_tokens, pack_padded
 from loadtest.packed_torch import ATTENTIONS, packed_output, token_offset
 from tests.builder.conftest import PackedCase, PackedGraphs
 from tests.builder.helpers import padded_rows
@@ -79,6 +79,25 @@ def test_per_token_output_comes_out_packed(packed_graphs: PackedGraphs) -> None:
     result = compare("onnx", "embed", want, got, 64)
     assert result.passed, result.summary()
     assert compare("onnx", "embed", case.reference(ids, mask, types), case.run(feed), 64).passed
+
+
+@pytest.mark.parametrize(("model", "task", "pooling"), [("bert", "embed", "mean"), ("xlmr-rerank", "rerank", None)])
+def test_filled_runs_answer_as_unfilled(packed_graphs: PackedGraphs, model: str, task: str, pooling: str | None) -> None:
+    """A run filled up to its token count's size (what the GPU runner does) answers its real rows as before: each row
+    attends and pools only within itself. Filling the last real row instead (the filler in its attention and mean)
+    changes its answer, so the check can fail."""
+    case = packed_graphs.get(model, task, pooling, token_outputs=task == "embed")
+    rows = pack_padded(*padded_rows(list(LENGTHS[2]), case.vocab, case.pairs))
+    filled = rows.filled(filled_tokens(rows.tokens, 16384) + 40, max_row=64)
+    assert filled.tokens > rows.tokens and filled.rows > rows.rows
+    for output in range(2 if task == "embed" else 1):
+        plain, padded_out = case.run(rows.feed(), output=output), case.run(filled.feed(), output=output)
+        real = rows.rows if output == 0 else rows.tokens
+        np.testing.assert_allclose(padded_out[:real], plain, rtol=1e-5, atol=1e-6)
+    lengths = rows.lengths.copy()
+    lengths[-1] += filled.tokens - rows.tokens
+    joined = PackedRows(filled.input_ids, filled.token_type_ids, cu_seqlens_of(lengths))
+    assert not np.allclose(case.run(joined.feed())[rows.rows - 1], case.run(rows.feed())[-1], rtol=1e-3, atol=1e-4)
 
 
 def test_gpu_form_io_contract_and_fused_counts(packed_graphs: PackedGraphs) -> None:
