@@ -37,12 +37,12 @@ GRAPH_INPUTS = (INPUT_IDS, TOKEN_TYPE_IDS, CU_SEQLENS, TOKEN_OFFSET, POSITION_ID
 # A run's rows x tokens, bounded: a packed graph's mean pooling multiplies a [rows, tokens] float32
 # membership matrix with the hidden states (one deterministic GEMM); 2**26 cells are 256 MiB.
 MAX_RUN_CELLS = 1 << 26
-# Token counts a run on the GPU is filled up to (`filled_tokens`): multiples of 8 up to 256 tokens, then 32 sizes per
-# doubling. Every GEMM of the graph has the run's token count as its row count, and cuBLAS chooses an algorithm
-# per new shape on the host: with raw token counts (nearly every call a new one) that took most of a step's time
-# under load on the H100 (loadtest/results/h100-20g-stub-profile).
-FILL_MIN_STEP = 8
+# Token counts a run on the GPU is filled up to (`filled_tokens`): 32 sizes per doubling, exact below 64 tokens. Every
+# GEMM of the graph has the run's token count as its row count, and cuBLAS chooses an algorithm per new shape on the
+# host: with raw token counts (nearly every call a new one) that took most of a step's time under load on the H100
+# (loadtest/results/h100-20g-stub-profile).
 FILL_SIZES_PER_DOUBLING = 32
+FILLER_MIN_ROW = 8  # a filler row's length when every real row is shorter
 
 
 class PackingError(ValueError):
@@ -89,13 +89,13 @@ class PackedRows:
         """These rows, then filler rows (token id 0, type 0) up to `tokens` tokens in all. Each row attends and
         pools only within itself, so the filler leaves the real rows' outputs as they are; theirs are the first
         `rows` rows (and `tokens` tokens) of the result. A filler row is no longer than `max_row` (max_seq_len)
-        nor than the longest row here (at least FILL_MIN_STEP), so that the widest row, which sizes
+        nor than the longest row here (at least FILLER_MIN_ROW), so that the widest row, which sizes
         token_offset and the attention's padded views, stays the same."""
         extra = tokens - self.tokens
         if extra <= 0:
             return self
         longest = int(self.lengths.max()) if self.rows else max_row
-        max_row = max(1, min(max_row, max(longest, FILL_MIN_STEP)))
+        max_row = max(1, min(max_row, max(longest, FILLER_MIN_ROW)))
         lengths = [max_row] * (extra // max_row) + ([extra % max_row] if extra % max_row else [])
         filler = np.zeros(extra, np.int32)
         return PackedRows(np.concatenate([self.input_ids, filler]), np.concatenate([self.token_type_ids, filler]),
@@ -225,9 +225,9 @@ def concat(parts: Sequence[PackedRows]) -> PackedRows:
 
 
 def filled_tokens(tokens: int, limit: int) -> int:
-    """The token count a run of `tokens` is filled up to: the next multiple of 8 up to 256, above that of 1/32 of
-    the power of two at or below `tokens` (at most 1/32 more tokens); never past max(tokens, limit)."""
-    step = max(FILL_MIN_STEP, (1 << (tokens.bit_length() - 1)) // FILL_SIZES_PER_DOUBLING)
+    """The token count a run of `tokens` is filled up to: the next multiple of 1/32 of the power of two at or below
+    `tokens` (at most 1/32 more tokens; `tokens` itself below 64); never past max(tokens, limit)."""
+    step = max(1, (1 << (tokens.bit_length() - 1)) // FILL_SIZES_PER_DOUBLING)
     return min(-(-tokens // step) * step, max(tokens, limit))
 
 

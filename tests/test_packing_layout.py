@@ -149,14 +149,14 @@ def test_runs_hold_at_most_the_budget_in_arrival_order() -> None:
 
 def test_filled_token_counts_are_few_and_close_above_the_real_count() -> None:
     """Every count from 1 to the budget fills to one of a few sizes (the GEMM shapes cuBLAS meets again), at most
-    1/32 more above 256 tokens and at most 7 more below, never past the budget nor below the real count."""
+    1/32 more (none below 64 tokens), never past the budget nor below the real count."""
     limit = 16384
     sizes = fill_sizes(limit)
-    assert len(sizes) == len(set(sizes)) <= 256 and sizes == sorted(sizes) and sizes[-1] == limit
+    assert len(sizes) == len(set(sizes)) <= 360 and sizes == sorted(sizes) and sizes[-1] == limit
     for tokens in range(1, limit + 1):
         filled = filled_tokens(tokens, limit)
         assert tokens <= filled <= limit and filled in sizes
-        assert filled - tokens <= (7 if tokens < 256 else tokens / 32), tokens
+        assert filled - tokens <= tokens / 32 and (tokens >= 64 or filled == tokens), tokens
     assert filled_tokens(20000, limit) == 20000  # a row longer than the budget runs alone, unfilled
 
 
