@@ -88,10 +88,10 @@ class TritonPythonModel:
             def number(key):
                 return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
 
+            fill = parameters.get("fill_tokens", {}).get("string_value", "")  # true/false; absent: on a GPU
             steps = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
                                 (number("vocab_size"), number("type_vocab_size")),
-                                fill=parameters.get("fill_tokens", {}).get("string_value", "") == "true"
-                                or (kind == "GPU" and "fill_tokens" not in parameters))
+                                fill=fill == "true" or (not fill and kind == "GPU"))
             warmed = steps.warm_up(gpu=kind == "GPU")
             self._execute = SkipCancelled(steps)
         else:
