@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(rows)
     head = (f"before = {args.before}, after = working tree; small BERT embedder (--runtime python, CPU, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
-            "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) and the 4-client phase (32 texts)")
+            "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) "
+            "and the 4-client phase (32 texts)")
     print(head + "\n\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@
 #
 # RUNS (default "old new pool"): old = BEFORE's gateway, new = this one, pool = this one with
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
-# setting). Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device tool) or ./ab-out.
+# setting). Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
+# tool) or ./ab-out.
 set -euo pipefail
 BEFORE=${BEFORE:-before-tree}
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
@@ -46,7 +47,6 @@ case "${1:-}" in
     tar -czf "$OUT/ab-runs-${2:-1}.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"  # the device tool brings back few files
     ;;
   cpu)  # cores per process group and per kind of gateway thread (this checkout's host_cpu) during each step, per run
-    here=$(pwd)
     for run in ${RUNS:-old new}; do
       tree=.; [ "$run" = old ] && tree=$BEFORE
       IFS=, read -ra steps <<< "$STEPS"
@@ -58,8 +58,7 @@ case "${1:-}" in
         wait
         echo "== $label"; cat "$OUT/host-cpu-$label.txt"
       done
-    done
-    cd "$here" ;;
+    done ;;
   final)  # graph_ab.sh's, on this repository
     REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" exec bash "$(dirname "$0")/graph_ab.sh" "$@" ;;
   *)

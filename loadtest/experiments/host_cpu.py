@@ -1,7 +1,7 @@
 """Where a host's CPU goes under load: cores used by each process group (the load generator, the gateway, tritonserver,
 the python-backend stubs, the rest), the gateway's by kind of thread (event loops, grpc's threads, the others), and
-the GPU's utilization, sampled every `--interval` seconds from /proc and
-nvidia-smi. Start it, then the load; samples while the gateway is busy are summarized (median per group).
+the GPU's utilization, sampled every `--interval` seconds from /proc and nvidia-smi. Start it, then the load;
+samples while the gateway is busy are summarized (median per group).
 
     python -m loadtest.experiments.host_cpu --seconds 150 --out cpu.json &
     python -m loadtest bench7 --parts scheduler --steps "single text c=256" ...

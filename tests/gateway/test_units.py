@@ -47,7 +47,8 @@ def test_tokenizer_pool_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     assert GatewaySettings(workers="auto").tokenizer_thread_count == 1
     assert tokenizer_environment(GatewaySettings(workers=8)) == off
     assert tokenizer_environment(GatewaySettings(workers=9)) == off
-    assert tokenizer_environment(GatewaySettings(workers=2)) == {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "4"}
+    assert tokenizer_environment(GatewaySettings(workers=2)) == {"TOKENIZERS_PARALLELISM": "true",
+                                                                 "RAYON_NUM_THREADS": "4"}
     assert tokenizer_environment(GatewaySettings(workers=2, tokenizer_threads="1")) == off
     assert tokenizer_environment(GatewaySettings(workers=8, tokenizer_threads=3))["RAYON_NUM_THREADS"] == "3"
     with pytest.raises(ValidationError):
