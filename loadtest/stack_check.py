@@ -9,7 +9,9 @@ On a built repository (e.g. the one benchmark 7 built: `--work W` leaves W/repos
    compared with the model's own PyTorch fp32 mean pooling (min cosine; the gate is 0.9999).
 2. Hops of one short text, sequential, median of `--repeats`: the step's graph alone (onnxruntime,
    the stub's environment), the model step through Triton (gRPC, a packed or padded request as the
-   gateway sends it), the ensemble through Triton (tokenizer + step), and the gateway's /embed.
+   gateway sends it), the same config with a model.py that computes nothing (loadtest/echo_step: what
+   Triton and the python backend's round trip cost alone), the ensemble through Triton (tokenizer +
+   step), and the gateway's /embed.
 Writes results.json and summary.md under --out/<name>-stack-check.
 """
 
@@ -18,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,7 +85,23 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum(1).min())
 
 
-def triton_ms(grpc_url: str, step: str, ensemble: str, ids: list[int], repeats: int) -> dict[str, float]:
+def echo_repository(repository: Path, step: str, into: Path) -> str:
+    """A repository at `into` holding only `{step}_echo`: `step`'s config (batching, instances, parameters; no
+    warm-up) with loadtest/echo_step/model.py, which answers zeros. Its name."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config = text_format.Parse((repository / step / "config.pbtxt").read_text(), mc.ModelConfig())
+    config.name = f"{step}_echo"
+    del config.model_warmup[:]
+    (into / config.name / "1").mkdir(parents=True, exist_ok=True)
+    (into / config.name / "config.pbtxt").write_text(text_format.MessageToString(config))
+    shutil.copy(Path(__file__).parent / "echo_step" / "model.py", into / config.name / "1" / "model.py")
+    return config.name
+
+
+def triton_ms(grpc_url: str, step: str, ensemble: str | None, ids: list[int], repeats: int,
+              label: str = "triton step (gRPC)") -> dict[str, float]:
     """Median ms of one short text through the step (as the gateway sends it) and through the ensemble."""
     import tritonclient.grpc as grpcclient
     from tritonclient.grpc import model_config_pb2 as mc
@@ -111,7 +131,8 @@ def triton_ms(grpc_url: str, step: str, ensemble: str, ids: list[int], repeats: 
         client.infer(ensemble, [inp], outputs=[grpcclient.InferRequestedOutput("embeddings")])
 
     out = {}
-    for label, call in (("triton step (gRPC)", step_call), ("triton ensemble (gRPC)", ensemble_call)):
+    calls = [(label, step_call)] + ([("triton ensemble (gRPC)", ensemble_call)] if ensemble else [])
+    for label, call in calls:
         for _ in range(20):
             call()
         times = []
@@ -169,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         expected = reference(args.model, texts, int(ensemble.config.parameters["max_seq_len"].string_value))
         hops.update(triton_ms(triton.grpc_url, f"{args.served}_onnx", f"{args.served}_onnx_ensemble", ids,
                               args.repeats))
+        with tempfile.TemporaryDirectory() as echo_dir:
+            echo = echo_repository(args.repository, f"{args.served}_onnx", Path(echo_dir))
+            with TritonServer(repository=Path(echo_dir), log_path=args.out / "triton-echo.log") as echo_triton:
+                hops.update(triton_ms(echo_triton.grpc_url, echo, None, ids, args.repeats,
+                                      "triton step computing nothing (gRPC, python backend round trip)"))
         for pipeline in ("scheduler", "ensemble"):
             settings = {"pipeline": pipeline, "repository": str(args.repository), "log_level": "warning"}
             with GatewayProcess(triton.grpc_url, settings=settings, log_path=args.out / f"gateway-{pipeline}.log") as gw:

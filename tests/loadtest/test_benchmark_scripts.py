@@ -100,7 +100,7 @@ def test_stack_check_compares_answers_and_times_the_hops(
                "--out", str(tmp_path))
     record = json.loads((tmp_path / "t-stack-check" / "results.json").read_text())
     assert set(record["answers"]) == {"scheduler", "ensemble"} and min(record["answers"].values()) >= 0.9999
-    assert len(record["hops_ms"]) == 5 and all(v > 0 for v in record["hops_ms"].values())
+    assert len(record["hops_ms"]) == 6 and all(v > 0 for v in record["hops_ms"].values())
 
 
 @pytest.mark.slow
@@ -132,3 +132,23 @@ def test_sparse_times_the_full_row_and_topk(tmp_path: Path) -> None:
     assert len(record["step_ms"]) == 2 and all(ms > 0 for ms in record["step_ms"].values())
     assert len(record["through_triton_ms"]) == 3 and all(ms > 0 for ms in record["through_triton_ms"].values())
     assert record["bytes_per_text"]["full row (shm)"] == 30522 * 4
+
+
+@pytest.mark.slow  # a GPU experiment's CPU smoke run (~3 s): `scripts/test -m slow`
+@pytest.mark.timeout(300)
+def test_cuda_graph_probe_times_each_run_and_mode(tmp_path: Path) -> None:
+    """loadtest.experiments.cuda_graphs on the CPU: `run` and `bound` per run, two processes at once; the graph
+    session is recorded as impossible here, with the reason."""
+    from tests.loadtest.test_ort_probe import packed_graph
+
+    proc = subprocess.run([sys.executable, "-m", "loadtest.experiments.cuda_graphs", "--model",
+                           str(packed_graph(tmp_path / "packed.onnx")), "--cpu", "--procs", "2", "--seconds", "0.5",
+                           "--repeats", "3", "--warmup", "1", "--vocab", "300", "--name", "t", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "t-cuda-graphs" / "results.json").read_text())
+    runs = record["single"]["runs"]
+    assert [row["rows"] for row in runs.values()] == [1, 17, 41]  # 16 and 40 texts, each run filled by one row
+    assert all(set(row["median_ms"]) == {"run", "bound"} and row["bound_min_cosine"] == 1.0 for row in runs.values())
+    assert record["single"]["graph_error"] == "no CUDA provider here"
+    assert len(record["concurrent"]["run"]["per_process"]) == 2

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# On the GPU host, after gateway_ab.sh build (its repository): py-spy --native of the packed step's python-backend
+# stubs while bench7's scheduler part runs STEP through this checkout's gateway (h100-20g-stub-profile's way, as a
+# script). The py-spy wheel travels in .gpu/d. Sampling in blocking mode (--native needs it) slows the stubs:
+# read shares, not times.
+#   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 bash loadtest/device/stub_profile.sh
+set -euo pipefail
+W=${GATEWAY_AB_WORK:-/tmp/i20g}
+OUT=${OUT:-ab-out}
+STEP=${STEP:-single text c=256}
+dest="$OUT/stub-profile-$(echo "$STEP" | tr ' =' '--')"
+spy=/tmp/pyspyx/py_spy-0.4.3.data/scripts/py-spy
+if [ ! -x "$spy" ]; then
+  python3 -m zipfile -e "$(ls .gpu/d/whl/py_spy-*.whl | head -1)" /tmp/pyspyx && chmod +x "$spy"
+fi
+mkdir -p "$dest"
+python3 -m loadtest bench7 --name stub-profile --parts scheduler --steps "$STEP" --duration 60 \
+  --repository "$W/repository" --work "$W/bench" --out "$W/profile-runs" > "$dest/bench7.log" 2>&1 &
+bench=$!
+for _ in $(seq 600); do  # until the load runs: the GPU busy (bench7 builds nothing here, it serves W's repository)
+  busy=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)
+  [ "${busy:-0}" -ge 30 ] && break
+  sleep 0.5
+done
+sleep 3  # past the step's warm-up window
+pids=$(pgrep -f "triton_python_backend_stub.*bench_onnx/" | head -"${STUBS:-2}" || true)
+spies=()
+for pid in $pids; do
+  "$spy" record --native -p "$pid" -d "${PROFILE_SECONDS:-20}" -r 200 -f raw -o "$dest/stub-$pid.raw" >/dev/null 2>&1 &
+  spies+=($!)
+done
+[ ${#spies[@]} -gt 0 ] && wait "${spies[@]}" || echo "no bench_onnx stub found" >&2
+for pid in $pids; do
+  python3 -c "import sys; from pathlib import Path; from loadtest.pyspy import summary
+print('\n'.join(summary(Path(sys.argv[1]), 60)))" "$dest/stub-$pid.raw" > "$dest/stub-$pid-frames.txt" || true
+  gzip -f "$dest/stub-$pid.raw"
+done
+wait "$bench" || true
+grep -E "^[|] stack scheduler" "$dest/bench7.log" || tail -5 "$dest/bench7.log"

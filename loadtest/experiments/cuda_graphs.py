@@ -1,0 +1,297 @@
+"""What onnxruntime's CUDA graphs would save the packed model step, measured before the runner uses them (issue 20).
+
+    python -m loadtest.experiments.cuda_graphs --repository DIR [--procs 4] [--seconds 8] --out DIR
+
+Under load a python-backend step's execution is bound by the host: launching ~130 kernels and onnxruntime's
+per-node work, in four stub processes beside the gateway (h100-20g-stub-profile, h100-20h-fill). A CUDA graph
+replays a captured run with one launch. This times the step's own graph (the repository's packed model.onnx, in
+the stub's python) on runs shaped like the stack's, filled as the runner fills them: a lone short text, 16 corpus
+texts (an execution at single texts c=256) and 40 (at 32-text requests). Per run:
+1. median ms of `run` (session.run, numpy in and out: the runner today), `bound` (IO binding: inputs and output
+   in device buffers updated in place each call, no graph) and `graph` (the same buffers, a session with
+   `enable_cuda_graph` and one `gpu_graph_id` per shape: captured on its first runs, then replayed);
+2. the graph's answers on fresh inputs of the same shape against `run` (min cosine): a replay must read the new
+   inputs;
+3. `--procs` processes at once (as the step's instances), each cycling through the runs for `--seconds`: runs/s
+   of `run` and of `graph` in all.
+A session that cannot capture (a node off the CUDA provider, a kernel that reads back to the host) is recorded
+with its error. Where onnxruntime has no CUDA provider only `run` and `bound` on the CPU run (`--smoke`: the
+plumbing, tests/loadtest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from contract.packing import PackedRows, filled_tokens, from_rows
+from loadtest.ort_probe import CUDA, Spec, in_child, min_cosine, open_session, providers, step_python
+
+MEAN_TOKENS = 60.8  # the loadtest corpus's mean tokens per text (bert-base WordPiece; h100-20h-fill)
+RUNS = {"lone short text": 1, "16 texts (single texts c=256)": 16, "40 texts (32-text requests c=16)": 40}
+SHORT_TOKENS = 11  # bench7's SHORT_TEXT
+SESSION_OPTIONS = {"enable_mem_pattern": False}  # the runner's, for a packed step
+CUDA_OPTIONS = {"use_tf32": "0"}  # contract.CUDA_PROVIDER_OPTIONS
+
+
+def step_vocab(model: Path) -> int | None:
+    """The embedding table's size a packed step's config records (parameter vocab_size; the runner refuses ids at
+    or above it), from the config.pbtxt two folders above its model.onnx; None when absent. Random ids must stay
+    below it: an id past the table is an out-of-bounds read on the GPU (garbage, or an illegal memory access)."""
+    config = model.parent.parent / "config.pbtxt"
+    if not config.is_file():
+        return None
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    parsed = text_format.Parse(config.read_text(), mc.ModelConfig())
+    value = parsed.parameters["vocab_size"].string_value if "vocab_size" in parsed.parameters else ""
+    return int(value) if value else None
+
+
+def run_lengths(texts: int, seed: int) -> list[int]:
+    """Token counts of `texts` corpus-like texts (a lognormal around the corpus mean, 4..512); a lone text is
+    the short one."""
+    if texts == 1:
+        return [SHORT_TOKENS]
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(np.log(MEAN_TOKENS) - 0.28, 0.75, texts), 4, 512).astype(int).tolist()
+
+
+def packed_run(lengths: list[int], vocab: int, max_tokens: int, max_row: int, seed: int) -> PackedRows:
+    """Random ids in rows of `lengths`, filled as the GPU runner fills a run."""
+    rng = np.random.default_rng(seed)
+    rows = from_rows([rng.integers(5, vocab, n, dtype=np.int32) for n in lengths])
+    return rows.filled(filled_tokens(rows.tokens, max_tokens), max_row)
+
+
+class BoundRun:
+    """One shape's call through IO binding: inputs and the first output in device buffers, updated in place each
+    call; with `graph_id`, that run option (a session with enable_cuda_graph captures, then replays)."""
+
+    def __init__(self, session: Any, feed: dict[str, np.ndarray], output: np.ndarray, device: str,
+                 graph_id: int | None = None) -> None:
+        import onnxruntime as ort
+
+        self.session = session
+        self.values = {name: ort.OrtValue.ortvalue_from_numpy(value, device, 0) for name, value in feed.items()}
+        self.output = ort.OrtValue.ortvalue_from_shape_and_type(list(output.shape), output.dtype, device, 0)
+        self.binding = session.io_binding()
+        for name, value in self.values.items():
+            self.binding.bind_ortvalue_input(name, value)
+        self.binding.bind_ortvalue_output(session.get_outputs()[0].name, self.output)
+        self.options = ort.RunOptions()
+        if graph_id is not None:
+            self.options.add_run_config_entry("gpu_graph_id", str(graph_id))
+
+    def __call__(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        for name, value in feed.items():
+            self.values[name].update_inplace(value)
+        self.session.run_with_iobinding(self.binding, self.options)
+        return np.asarray(self.output.numpy())
+
+
+def _cases(spec: Spec, names: set[str]) -> list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """(label, feed, a fresh feed of the same shape) per run."""
+    out = []
+    for k, (label, texts) in enumerate(spec["runs"].items()):
+        lengths = run_lengths(texts, seed=k)
+        first, fresh = (packed_run(lengths, spec["vocab"], spec["max_tokens"], spec["max_row"], seed=100 * k + s)
+                        for s in (1, 2))
+        out.append((label, first.feed(names), fresh.feed(names)))
+    return out
+
+
+def _start(spec: Spec) -> None:
+    """The child's watchdog: a child stuck past spec["timeout_s"] prints its Python stacks and exits (a hung
+    capture must not hang the device call)."""
+    faulthandler.dump_traceback_later(spec.get("timeout_s", 240), exit=True)
+
+
+def _log(message: str) -> None:
+    print(f"[cuda_graphs {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _sessions(spec: Spec) -> tuple[Any, Any, str]:
+    """(the runner's session, a CUDA-graph session or the error that stopped it, device)."""
+    cuda = CUDA in providers() and not spec.get("cpu")
+    session = open_session(spec["model"], providers(cuda), SESSION_OPTIONS, CUDA_OPTIONS if cuda else None)
+    if not cuda:
+        return session, "no CUDA provider here", "cpu"
+    try:
+        graphed = open_session(spec["model"], providers(True), SESSION_OPTIONS,
+                               {**CUDA_OPTIONS, "enable_cuda_graph": "1"})
+    except Exception as exc:  # noqa: BLE001 - recorded: the answer to "can this graph be captured"
+        graphed = f"{type(exc).__name__}: {str(exc)[:400]}"
+    return session, graphed, "cuda"
+
+
+def probe(spec: Spec) -> dict[str, Any]:
+    """The child's job: per run, median ms of run / bound / graph and the graph's min cosine against run."""
+    import onnxruntime as ort
+
+    _start(spec)
+    session, graphed, device = _sessions(spec)
+    _log(f"sessions open; graph session: {graphed if isinstance(graphed, str) else 'yes'}")
+    names = {i.name for i in session.get_inputs()}
+    out_name = session.get_outputs()[0].name
+    result: dict[str, Any] = {"onnxruntime": ort.__version__, "providers": session.get_providers(), "runs": {}}
+    if isinstance(graphed, str):
+        result["graph_error"] = graphed
+    for k, (label, feed, fresh) in enumerate(_cases(spec, names)):
+        want = session.run([out_name], fresh)[0]
+        calls = {"run": lambda f=feed: session.run([out_name], f)[0],
+                 "bound": (lambda b=BoundRun(session, feed, want, device), f=feed: b(f))}
+        row: dict[str, Any] = {"tokens": int(feed["input_ids"].size), "rows": int(feed["cu_seqlens"].size - 1)}
+        if not isinstance(graphed, str):
+            try:
+                _log(f"{label}: capturing")
+                replay = BoundRun(graphed, feed, want, device, graph_id=k + 1)
+                for _ in range(3):  # onnxruntime runs a shape before it captures it
+                    replay(feed)
+                _log(f"{label}: captured")
+                row["graph_min_cosine"] = min_cosine(replay(fresh), want)
+                calls["graph"] = lambda b=replay, f=feed: b(f)
+            except Exception as exc:  # noqa: BLE001 - recorded per run
+                row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        row["bound_min_cosine"] = min_cosine(calls["bound"](), session.run([out_name], feed)[0])
+        for call in calls.values():
+            for _ in range(spec["warmup"]):
+                call()
+        samples: dict[str, list[float]] = {mode: [] for mode in calls}
+        for _ in range(spec["repeats"]):  # in turns: the host's load weighs on every mode alike
+            for mode, call in calls.items():
+                start = time.perf_counter()
+                call()
+                samples[mode].append(time.perf_counter() - start)
+        row["median_ms"] = {mode: float(np.median(t) * 1e3) for mode, t in samples.items()}
+        result["runs"][label] = row
+        _log(f"{label}: {row['median_ms']}")
+    return result
+
+
+def spin(spec: Spec) -> dict[str, Any]:
+    """The child's job beside `procs - 1` others: set up `mode` (run or graph) on every run, wait until all are
+    ready (files in spec["barrier"]), then cycle through the runs for spec["seconds"]; calls made."""
+    _start(spec)
+    session, graphed, device = _sessions(spec)
+    names = {i.name for i in session.get_inputs()}
+    out_name = session.get_outputs()[0].name
+    calls = []
+    for k, (_, feed, _) in enumerate(_cases(spec, names)):
+        if spec["mode"] == "graph":
+            if isinstance(graphed, str):
+                return {"error": graphed}
+            replay = BoundRun(graphed, feed, session.run([out_name], feed)[0], device, graph_id=k + 1)
+            calls.append(lambda b=replay, f=feed: b(f))
+        else:
+            calls.append(lambda f=feed: session.run([out_name], f))
+    for call in calls:
+        for _ in range(spec["warmup"]):
+            call()
+    barrier = Path(spec["barrier"])
+    (barrier / f"ready-{spec['index']}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(barrier.glob("ready-*"))) < spec["procs"]:
+        if time.monotonic() > deadline:
+            return {"error": "the other processes never got ready"}
+        time.sleep(0.001)  # a start line for processes, not a test's synchronisation
+    made, start = 0, time.perf_counter()
+    while time.perf_counter() - start < spec["seconds"]:
+        calls[made % len(calls)]()
+        made += 1
+    return {"calls": made, "seconds": time.perf_counter() - start}
+
+
+def together(spec: Spec, mode: str, procs: int, python: str) -> dict[str, Any]:
+    """`procs` children spinning `mode` at once: runs/s in all, and each one's."""
+    with tempfile.TemporaryDirectory() as barrier, ThreadPoolExecutor(procs) as pool:
+        jobs = [pool.submit(in_child, spin, {**spec, "mode": mode, "procs": procs, "index": i, "barrier": barrier},
+                            python) for i in range(procs)]
+        each = []
+        for job in jobs:
+            try:
+                each.append(job.result())
+            except RuntimeError as exc:  # a child that failed or hit its watchdog
+                each.append({"error": str(exc)[-1500:]})
+    errors = [e["error"] for e in each if "error" in e]
+    if errors:
+        return {"error": errors[0]}
+    return {"runs_per_s": sum(e["calls"] / e["seconds"] for e in each),
+            "per_process": [round(e["calls"] / e["seconds"], 1) for e in each]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.experiments.cuda_graphs", description=__doc__.splitlines()[0])
+    p.add_argument("--repository", type=Path, help="a built repository: its packed *_onnx step")
+    p.add_argument("--model", type=Path, help="a packed model.onnx instead of --repository")
+    p.add_argument("--vocab", type=int, help="ids stay below it (default: the step config's vocab_size)")
+    p.add_argument("--max-tokens", type=int, default=16384, help="the step's max_batch_tokens")
+    p.add_argument("--max-row", type=int, default=512, help="the step's max_seq_len (filler rows' length)")
+    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--child-timeout", type=float, default=150, help="seconds a child may take before its watchdog "
+                   "prints its stacks and ends it")
+    p.add_argument("--python", default=None, help="the interpreter with onnxruntime(-gpu) (default: the stub's)")
+    p.add_argument("--cpu", action="store_true", help="the CPU provider even where CUDA exists (the smoke run)")
+    p.add_argument("--name", default="local")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    model = args.model or next(args.repository.glob("*_onnx/1/model.onnx"))
+    vocab = args.vocab or step_vocab(model)
+    if not vocab:
+        p.error("no vocab_size in the step's config: pass --vocab")
+    python = args.python or step_python()
+    spec = {"model": str(model), "runs": RUNS, "vocab": vocab, "max_tokens": args.max_tokens,
+            "max_row": args.max_row, "repeats": args.repeats, "warmup": args.warmup, "seconds": args.seconds,
+            "cpu": args.cpu, "timeout_s": args.child_timeout}
+    from loadtest.machine import describe_machine
+
+    try:
+        single = in_child(probe, spec, python)
+    except RuntimeError as exc:  # its watchdog's stacks say where it stuck
+        print(str(exc)[-4000:], file=sys.stderr, flush=True)
+        return 1
+    modes = ["run", "graph"] if "graph_error" not in single and not args.cpu else ["run"]
+    concurrent = {mode: together(spec, mode, args.procs, python) for mode in modes} if args.procs else {}
+    record = {"machine": describe_machine().model_dump(mode="json"), "settings": vars(args) | {
+        "model": str(model), "out": str(args.out), "repository": str(args.repository)}, "single": single,
+        "concurrent": concurrent}
+    lines = [f"# {args.name}-cuda-graphs", "", f"onnxruntime {single['onnxruntime']} on {single['providers'][0]}; "
+             f"{model}", ""]
+    if "graph_error" in single:
+        lines += [f"CUDA graph session: {single['graph_error']}", ""]
+    lines += ["| run | tokens (filled) | rows | run ms | bound ms | graph ms | graph vs run | graph min cosine |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, row in single["runs"].items():
+        ms = row["median_ms"]
+        graph = f"{ms['graph']:.3f}" if "graph" in ms else row.get("graph_error", "-")
+        ratio = f"{ms['run'] / ms['graph']:.2f}x" if "graph" in ms else "-"
+        lines.append(f"| {label} | {row['tokens']} | {row['rows']} | {ms['run']:.3f} | {ms['bound']:.3f} | {graph} | "
+                     f"{ratio} | {row.get('graph_min_cosine', float('nan')):.7f} |")
+    if concurrent:
+        lines += ["", f"{args.procs} processes at once, each cycling through the runs for {args.seconds:.0f} s:", "",
+                  "| mode | runs/s in all | per process |", "| --- | ---: | --- |"]
+        for mode, c in concurrent.items():
+            lines.append(f"| {mode} | {c.get('runs_per_s', float('nan')):.1f} | {c.get('per_process', c.get('error'))} |")
+    out = args.out / f"{args.name}-cuda-graphs"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(record, indent=1, default=str))
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
