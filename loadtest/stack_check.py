@@ -5,8 +5,9 @@ lone short text costs (issue 20).
 
 On a built repository (e.g. the one benchmark 7 built: `--work W` leaves W/repository and W/model):
 1. Answers under load: `--texts` corpus texts sent at once, `--concurrency` at a time, one text per
-   request, through the gateway with GATEWAY_PIPELINE=scheduler and =ensemble; every embedding is
-   compared with the model's own PyTorch fp32 mean pooling (min cosine; the gate is 0.9999).
+   request, through the gateway with GATEWAY_PIPELINE=scheduler and =ensemble; then `--lone-texts` of
+   them one at a time (scheduler: one-row runs, which a GPU step replays as CUDA graphs); every
+   embedding is compared with the model's own PyTorch fp32 mean pooling (min cosine; the gate is 0.9999).
 2. Hops of one short text, sequential, median of `--repeats`: the step's graph alone (onnxruntime,
    the stub's environment), the model step through Triton (gRPC, a packed or padded request as the
    gateway sends it), the same config with a model.py that computes nothing (loadtest/echo_step: what
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--repeats", type=int, default=300)
+    p.add_argument("--lone-texts", type=int, default=64, help="corpus texts also sent one at a time (scheduler)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     texts = make_corpus(CorpusSpec(size=args.texts))
@@ -200,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             with GatewayProcess(triton.grpc_url, settings=settings, log_path=args.out / f"gateway-{pipeline}.log") as gw:
                 got = asyncio.run(embed_all(gw.url, args.served, texts, args.concurrency))
                 answers[pipeline] = min_cosine(got, expected)
+                if pipeline == "scheduler":  # lone texts: one-row runs (on a GPU, replayed CUDA graphs)
+                    alone = asyncio.run(embed_all(gw.url, args.served, texts[:args.lone_texts], 1))
+                    answers["scheduler, one at a time"] = min_cosine(alone, expected[:args.lone_texts])
                 hops[f"gateway /embed ({pipeline})"] = asyncio.run(gateway_ms(gw.url, args.served, args.repeats))
     record.update(answers=answers, hops_ms=hops)
     lines = [f"# {args.name}-stack-check", "", f"{args.texts} corpus texts, one per request, {args.concurrency} at a "

@@ -41,14 +41,15 @@ CALL_COST_TOKENS = {"GPU": 1024, "CPU": 64}
 CUDA_PROVIDER_OPTIONS = {"use_tf32": "0"}
 
 
-def _cuda_session(path, options, device):
+def _cuda_session(path, options, device, provider_options=None):
     """An onnxruntime session on the CUDA provider, or an error: a KIND_GPU instance never runs on the CPU quietly."""
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise RuntimeError(f"KIND_GPU instance, but onnxruntime {ort.__version__} has no CUDA provider "
                            "(install onnxruntime-gpu, or build with --device cpu)")
     # onnxruntime 1.31 warns "No registered plugin EP device found for 'CUDAExecutionProvider' with
     # device_id=0" here and still runs on its built-in CUDA provider (seen on the H100 host).
-    providers = [("CUDAExecutionProvider", {**CUDA_PROVIDER_OPTIONS, "device_id": str(device)}), "CPUExecutionProvider"]
+    cuda = {**CUDA_PROVIDER_OPTIONS, **(provider_options or {}), "device_id": str(device)}
+    providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     session = ort.InferenceSession(path, sess_options=options, providers=providers)
     if session.get_providers()[0] != "CUDAExecutionProvider":
         raise RuntimeError(f"onnxruntime {ort.__version__} could not run model.onnx on CUDA device {device} "
@@ -89,9 +90,17 @@ class TritonPythonModel:
                 return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
 
             fill = parameters.get("fill_tokens", {}).get("string_value", "")  # true/false; absent: on a GPU
+            graphs = parameters.get("cuda_graphs", {}).get("string_value", "")  # false turns them off on a GPU
+            graph_session = None
+            if kind == "GPU" and graphs != "false":
+                try:
+                    graph_session = _cuda_session(path, options, int(args.get("model_instance_device_id", "0")),
+                                                  {"enable_cuda_graph": "1"})
+                except Exception as exc:  # noqa: BLE001 - e.g. a node off the CUDA provider: serve without graphs
+                    pb_utils.Logger.log_warn(f"{args['model_name']}: no CUDA graphs: {str(exc).splitlines()[0][:300]}")
             steps = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
                                 (number("vocab_size"), number("type_vocab_size")),
-                                fill=fill == "true" or (not fill and kind == "GPU"))
+                                fill=fill == "true" or (not fill and kind == "GPU"), graph_session=graph_session)
             warmed = steps.warm_up(gpu=kind == "GPU")
             self._execute = SkipCancelled(steps)
         else:

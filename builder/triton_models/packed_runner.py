@@ -40,6 +40,11 @@ from packing import (
 ATTENTION_MASK = "attention_mask"  # a padded request's; the packed layout's names come from packing.py
 WARMUP_SHORT_TOKENS = 16
 MAX_ERROR_CHARS = 500
+# A run of one row of at most this many tokens (a lone short text: low load, queries) replays a CUDA graph captured
+# at load, one per token count. A graph replays the ~130 kernels of a call with one launch: on the H100 a lone
+# 11-token text took 0.6 ms instead of 1.95 (loadtest/results/h100-20j, cuda-graphs). Longer or many-row runs
+# keep session.run: their token counts are too many to capture each, and the gain shrinks with the run's size.
+GRAPH_MAX_TOKENS = 128
 
 
 def _error_response(message, code="INVALID_ARG"):
@@ -55,12 +60,60 @@ def _tensor(request, name):
     return None if tensor is None else tensor.as_numpy()
 
 
+class OneRowGraphs:
+    """CUDA graphs of one-row runs of 1..max_tokens tokens, one per token count, on an onnxruntime session made
+    with the CUDA provider's `enable_cuda_graph`: each count's inputs and per-row output live in device buffers
+    bound once (IO binding), refilled in place for each call; the session captures a count's run on its third
+    call with that `gpu_graph_id` and replays it after. Captured at load, on the thread that serves execute()
+    (onnxruntime keeps a graph in the thread that captured it)."""
+
+    def __init__(self, session, output, max_tokens):
+        self.session, self.output, self.max_tokens = session, output, max_tokens
+        self.bound = {}  # tokens -> (input buffers, output buffer, binding, run options)
+
+    def covers(self, run, names):
+        return run.rows == 1 and run.tokens <= self.max_tokens and names == [self.output]
+
+    def capture(self, feed, tokens, sample):
+        """Bind a `tokens`-token row's buffers (the output like `sample`, a regular run's) and capture its graph."""
+        import onnxruntime as ort
+
+        values = {name: ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0) for name, value in feed.items()}
+        output = ort.OrtValue.ortvalue_from_shape_and_type([1, *sample.shape[1:]], sample.dtype, "cuda", 0)
+        binding = self.session.io_binding()
+        for name, value in values.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(self.output, output)
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(tokens))  # an id > 0 per shape; 0 is onnxruntime's own
+        self.bound[tokens] = (values, output, binding, options)
+        for _ in range(3):  # two ordinary runs (the arena grows), then the capture
+            self(feed, tokens)
+
+    def __call__(self, feed, tokens):
+        values, output, binding, options = self.bound[tokens]
+        for name, value in feed.items():
+            values[name].update_inplace(value)
+        self.session.run_with_iobinding(binding, options)
+        return output.numpy()
+
+    def warm_up(self, inputs, sample, max_row):
+        """Capture every token count up to max_tokens (and max_row) on one row of token 0."""
+        for tokens in range(1, min(self.max_tokens, max_row) + 1):
+            ids = np.zeros(tokens, np.int32)
+            self.capture(PackedRows(ids, ids, cu_seqlens_of([tokens])).feed(inputs), tokens, sample)
+        return len(self.bound)
+
+
 class PackedSteps:
     """execute(requests) -> responses for a packed graph run by one onnxruntime session. `outputs`: the graph's
     per-row output (pooled embeddings, logits) first, then its per-token outputs ([T, ...] in the graph)."""
 
-    def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None), fill=False):
+    def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None), fill=False,
+                 graph_session=None):
         self.session, self.outputs = session, list(outputs)
+        # a second session of the graph with CUDA graphs on (GPU only): lone short texts replay a captured graph
+        self.graphs = OneRowGraphs(graph_session, self.outputs[0], GRAPH_MAX_TOKENS) if graph_session else None
         # on the GPU each run is filled up to one of a few token counts (packing.py, filled_tokens): cuBLAS then
         # meets each GEMM shape again instead of choosing an algorithm for a new one on nearly every call
         self.fill = fill
@@ -104,10 +157,12 @@ class PackedSteps:
         merged, failed = {}, {}
         for start, stop in cut_runs(batch.lengths, self.max_tokens):
             run = batch.slice_rows(start, stop)
-            if self.fill:
+            graphed = self.graphs is not None and self.graphs.covers(run, names)
+            if self.fill and not graphed:
                 run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
-                outs = self.session.run(names, run.feed(self.inputs))
+                feed = run.feed(self.inputs)
+                outs = [self.graphs(feed, run.tokens)] if graphed else self.session.run(names, feed)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 for part in set(owner_of_row[start:stop].tolist()):
@@ -168,5 +223,14 @@ class PackedSteps:
         nothing = PackedRows(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int32))
         for tokens in filled:
             self.session.run(self.outputs, nothing.filled(tokens, self._longest_filler()).feed(self.inputs))
-        return (f"packed layout, {len(sizes) + len(filled)} warm-up runs ({len(filled)} filled token counts) in "
+        graphs = ""
+        if self.graphs is not None:
+            one = PackedRows(np.zeros(1, np.int32), np.zeros(1, np.int32), cu_seqlens_of([1])).feed(self.inputs)
+            sample = self.session.run(self.outputs[:1], one)[0]
+            try:
+                graphs = f", {self.graphs.warm_up(self.inputs, sample, self._longest_filler())} CUDA graphs captured"
+            except Exception as exc:  # noqa: BLE001 - a graph onnxruntime cannot capture: serve without graphs
+                self.graphs = None
+                graphs = f", no CUDA graphs ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+        return (f"packed layout, {len(sizes) + len(filled)} warm-up runs ({len(filled)} filled token counts){graphs} in "
                 f"{time.perf_counter() - start:.1f}s")

@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # On the GPU host, after gateway_ab.sh build: copies of its repository that differ only in the model step's
-# config, for graph_ab.sh ab (GRAPH_AB_WORK=$W CODES='new t1'):
+# config, for stack-check or graph_ab.sh ab (GRAPH_AB_WORK=$W CODES='new nog'):
 #   new  the repository as the builder made it
-#   t1   onnxruntime's intra-op thread pool at 1 thread per step instance (parameter intra_op_num_threads; the
-#        builder's --onnx-threads 1), instead of onnxruntime's default (one per physical core, in each of 4 stubs)
+#   nog  the same with the step parameter cuda_graphs "false": no CUDA graphs for one-row runs
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
-for code in new t1; do
+for code in new nog; do
   rm -rf "$W/$code" && mkdir -p "$W/$code" && cp -r "$W/repository" "$W/$code/repository"
 done
-cat >> "$W/t1/repository/bench_onnx/config.pbtxt" <<'CFG'
+cat >> "$W/nog/repository/bench_onnx/config.pbtxt" <<'CFG'
 parameters {
-  key: "intra_op_num_threads"
+  key: "cuda_graphs"
   value {
-    string_value: "1"
+    string_value: "false"
   }
 }
 CFG
-grep -A3 intra_op "$W/t1/repository/bench_onnx/config.pbtxt"
+grep -A3 cuda_graphs "$W/nog/repository/bench_onnx/config.pbtxt"
