@@ -58,6 +58,16 @@ def step_vocab(model: Path) -> int | None:
     return int(value) if value else None
 
 
+def model_and_vocab(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Path, int]:
+    """The packed model.onnx (--model, or the repository's *_onnx step) and the ids' bound (--vocab, or the step
+    config's vocab_size); a parser error when neither gives one."""
+    model = args.model or next(args.repository.glob("*_onnx/1/model.onnx"))
+    vocab = args.vocab or step_vocab(model)
+    if not vocab:
+        parser.error("no vocab_size in the step's config: pass --vocab")
+    return model, vocab
+
+
 def run_lengths(texts: int, seed: int) -> list[int]:
     """Token counts of `texts` corpus-like texts (a lognormal around the corpus mean, 4..512); a lone text is
     the short one."""
@@ -248,10 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="local")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    model = args.model or next(args.repository.glob("*_onnx/1/model.onnx"))
-    vocab = args.vocab or step_vocab(model)
-    if not vocab:
-        p.error("no vocab_size in the step's config: pass --vocab")
+    model, vocab = model_and_vocab(p, args)
     python = args.python or step_python()
     spec = {"model": str(model), "runs": RUNS, "vocab": vocab, "max_tokens": args.max_tokens,
             "max_row": args.max_row, "repeats": args.repeats, "warmup": args.warmup, "seconds": args.seconds,

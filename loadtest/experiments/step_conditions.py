@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.experiments.cuda_graphs import CUDA_OPTIONS, SESSION_OPTIONS, packed_run, run_lengths, step_vocab
+from loadtest.experiments.cuda_graphs import CUDA_OPTIONS, SESSION_OPTIONS, model_and_vocab, packed_run, run_lengths
 from loadtest.ort_probe import CUDA, Spec, in_child, open_session, placement, profile_events, providers, step_python
 
 CONDITIONS = {
@@ -87,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="local")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    model = args.model or next(args.repository.glob("*_onnx/1/model.onnx"))
-    vocab = args.vocab or step_vocab(model)
-    if not vocab:
-        p.error("no vocab_size in the step's config: pass --vocab")
+    model, vocab = model_and_vocab(p, args)
     result = in_child(conditions, {"model": str(model), "vocab": vocab, "repeats": args.repeats,
                                    "gap_ms": args.gap_ms}, args.python or step_python())
     from loadtest.machine import describe_machine
