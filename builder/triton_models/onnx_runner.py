@@ -90,17 +90,18 @@ class TritonPythonModel:
                 return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
 
             fill = parameters.get("fill_tokens", {}).get("string_value", "")  # true/false; absent: on a GPU
-            graphs = parameters.get("cuda_graphs", {}).get("string_value", "")  # false turns them off on a GPU
-            graph_session = None
+            # on a GPU: absent = lone short texts replay CUDA graphs, "all" = every run does, "false" = none
+            graphs = parameters.get("cuda_graphs", {}).get("string_value", "")
+            graph_session, device = None, int(args.get("model_instance_device_id", "0"))
             if kind == "GPU" and graphs != "false":
                 try:
-                    graph_session = _cuda_session(path, options, int(args.get("model_instance_device_id", "0")),
-                                                  {"enable_cuda_graph": "1"})
+                    graph_session = _cuda_session(path, options, device, {"enable_cuda_graph": "1"})
                 except Exception as exc:  # noqa: BLE001 - e.g. a node off the CUDA provider: serve without graphs
                     pb_utils.Logger.log_warn(f"{args['model_name']}: no CUDA graphs: {str(exc).splitlines()[0][:300]}")
             steps = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
                                 (number("vocab_size"), number("type_vocab_size")),
-                                fill=fill == "true" or (not fill and kind == "GPU"), graph_session=graph_session)
+                                fill=fill == "true" or (not fill and kind == "GPU"), graph_session=graph_session,
+                                device=device, every_run=graphs == "all")
             warmed = steps.warm_up(gpu=kind == "GPU")
             self._execute = SkipCancelled(steps)
         else:
