@@ -69,14 +69,13 @@ class PackedRows:
     def lengths(self) -> np.ndarray:
         return np.diff(self.cu_seqlens)
 
-    def feed(self, names: Collection[str] = GRAPH_INPUTS, width: int | None = None) -> dict[str, np.ndarray]:
+    def feed(self, names: Collection[str] = GRAPH_INPUTS) -> dict[str, np.ndarray]:
         """The packed graph's inputs named in `names` (a session's input names: a graph without mean pooling
-        reads no token_rows/row_ids, and onnxruntime refuses inputs a graph does not declare); `width`: token_offset's
-        (the attention's longest row; default the longest row here), for a run of a fixed shape."""
+        reads no token_rows/row_ids, and onnxruntime refuses inputs a graph does not declare)."""
         lengths = self.lengths
         feed = {INPUT_IDS: self.input_ids, TOKEN_TYPE_IDS: self.token_type_ids, CU_SEQLENS: self.cu_seqlens}
         if TOKEN_OFFSET in names:
-            feed[TOKEN_OFFSET] = token_offset(lengths, width)
+            feed[TOKEN_OFFSET] = token_offset(lengths)
         if POSITION_IDS in names:  # a token's index minus its row's first
             starts = np.repeat(self.cu_seqlens[:-1], lengths)
             feed[POSITION_IDS] = (np.arange(self.tokens, dtype=np.int32) - starts).astype(np.int32, copy=False)
@@ -102,18 +101,6 @@ class PackedRows:
         return PackedRows(np.concatenate([self.input_ids, filler]), np.concatenate([self.token_type_ids, filler]),
                           cu_seqlens_of(np.concatenate([self.lengths, np.asarray(lengths, np.int64)])))
 
-    def shaped(self, tokens: int, rows: int) -> PackedRows:
-        """These rows, then `rows - self.rows` (>= 1 when tokens are added) filler rows of token 0 sharing the
-        `tokens - self.tokens` extra tokens evenly (each at least one): a run brought to a fixed shape (`graph_shape`).
-        The real rows' outputs stay as they are, as with `filled`."""
-        extra, fillers = tokens - self.tokens, rows - self.rows
-        if fillers < 0 or extra < fillers or (extra and not fillers):
-            raise PackingError(f"{self.rows} rows of {self.tokens} tokens cannot be shaped to {rows} rows of {tokens}")
-        lengths = [extra // fillers + (k < extra % fillers) for k in range(fillers)]
-        filler = np.zeros(extra, np.int32)
-        return PackedRows(np.concatenate([self.input_ids, filler]), np.concatenate([self.token_type_ids, filler]),
-                          cu_seqlens_of(np.concatenate([self.lengths, np.asarray(lengths, np.int64)])))
-
     def slice_rows(self, start: int, stop: int) -> PackedRows:
         """Rows start..stop-1 as a batch of their own (cu_seqlens re-based to 0)."""
         first, last = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])
@@ -121,12 +108,11 @@ class PackedRows:
                           (self.cu_seqlens[start:stop + 1] - first).astype(np.int32))
 
 
-def token_offset(lengths: np.ndarray, width: int | None = None) -> np.ndarray:
-    """onnxruntime's RemovePadding layout [rows, S] for rows of `lengths` (S: `width`, default the longest): the
-    padded slot b*S+s of every real token in packed order, then every padding slot in order (getTokenOffset in its
+def token_offset(lengths: np.ndarray) -> np.ndarray:
+    """onnxruntime's RemovePadding layout [rows, S] for rows of `lengths` (S: the longest): the padded slot
+    b*S+s of every real token in packed order, then every padding slot in order (getTokenOffset in its
     contrib_ops/cuda/bert/bert_padding.cu). PackedMultiHeadAttention reads S from this tensor's shape."""
-    rows = len(lengths)
-    width = width or (int(lengths.max()) if rows else 0)
+    rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
     slots = np.arange(rows * width, dtype=np.int32).reshape(rows, width)
     real = np.arange(width)[None, :] < lengths[:, None]
     return np.concatenate([slots[real], slots[~real]]).reshape(rows, width)
@@ -243,21 +229,6 @@ def filled_tokens(tokens: int, limit: int) -> int:
     `tokens` (at most 1/32 more tokens; `tokens` itself below 64); never past max(tokens, limit)."""
     step = max(1, (1 << (tokens.bit_length() - 1)) // FILL_SIZES_PER_DOUBLING)
     return min(-(-tokens // step) * step, max(tokens, limit))
-
-
-def graph_shape(rows: PackedRows, limit: int, max_row: int) -> tuple[int, int, int] | None:
-    """A run's shape among a few, for a replayed CUDA graph: (tokens, rows, width), the run `shaped` to these tokens
-    and rows and token_offset `width` wide. Rows: the next power of two above its rows (one filler row at least,
-    which takes the filler tokens); width: the next power of two at or above its longest row, 8 to max_row; tokens:
-    `filled_tokens` of its tokens plus one per filler row. None when that shape would not hold (filler rows wider
-    than the width, more than `limit` tokens or MAX_RUN_CELLS)."""
-    count = 1 << rows.rows.bit_length()
-    width = min(max_row, max(8, 1 << (int(rows.lengths.max()) - 1).bit_length()))
-    tokens = filled_tokens(rows.tokens + count - rows.rows, limit)
-    extra = tokens - rows.tokens
-    if extra > (count - rows.rows) * width or tokens > limit or count * tokens > MAX_RUN_CELLS:
-        return None
-    return tokens, count, width
 
 
 def fill_sizes(limit: int) -> list[int]:

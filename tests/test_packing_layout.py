@@ -18,7 +18,6 @@ from contract.packing import (
     fill_sizes,
     filled_tokens,
     from_rows,
-    graph_shape,
     pack_padded,
     packed_request,
 )
@@ -172,31 +171,3 @@ def test_filler_rows_follow_the_real_rows_and_keep_the_widest_row() -> None:
     assert rows.filled(9, max_row=64) is rows
     only = PackedRows(np.zeros(0, np.int32), np.zeros(0, np.int32), cu_seqlens_of([])).filled(150, max_row=64)
     assert only.lengths.tolist() == [64, 64, 22]  # a warm-up run: filler rows of max_seq_len
-
-
-def test_graph_shapes_are_few_and_hold_every_run() -> None:
-    """Runs of 1 to 64 rows of 1 to 512 tokens, under the budget (a CUDA graph per shape), take one of a few shapes, each holding the
-    run: more rows (one filler at least), a width at or above the longest row, at most 1/32 more tokens than the
-    run and its filler rows; `shaped` brings the run to it with the real rows first and unchanged."""
-    rng = np.random.default_rng(5)
-    shapes = set()
-    for _ in range(3000):
-        lengths = rng.integers(1, 513, int(rng.integers(1, 65)))
-        lengths = lengths[np.cumsum(lengths) <= 12000]  # a run under the token budget (cut_runs' job)
-        run = from_rows([rng.integers(5, 99, n) for n in lengths])
-        shape = graph_shape(run, 16384, 512)
-        assert shape is not None
-        tokens, count, width = shape
-        shapes.add(shape)
-        assert count > run.rows and width >= lengths.max() and width in (8, 16, 32, 64, 128, 256, 512)
-        assert tokens - (run.tokens + count - run.rows) <= (run.tokens + count - run.rows) / 32
-        shaped = run.shaped(tokens, count)
-        assert (shaped.tokens, shaped.rows) == (tokens, count) and shaped.lengths[run.rows:].max() <= width
-        assert shaped.lengths[run.rows:].min() >= 1 and list(shaped.lengths[:run.rows]) == list(lengths)
-        assert np.array_equal(shaped.input_ids[:run.tokens], run.input_ids)
-        assert shaped.feed(width=width)["token_offset"].shape == (count, width)
-    assert len(shapes) < 1500  # of 3000 runs: shapes repeat (rows x width x filled tokens)
-    assert graph_shape(from_rows([[1] * 9000, [1] * 7384]), 16384, 512) is None  # its filler rows pass the budget
-    with pytest.raises(PackingError):
-        from_rows([[1, 2]]).shaped(5, 1)  # tokens to add and no filler row to hold them
-

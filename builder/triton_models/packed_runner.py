@@ -33,7 +33,6 @@ from packing import (
     cut_runs,
     fill_sizes,
     filled_tokens,
-    graph_shape,
     pack_padded,
     packed_request,
 )
@@ -61,71 +60,48 @@ def _tensor(request, name):
     return None if tensor is None else tensor.as_numpy()
 
 
-class RunGraphs:
-    """CUDA graphs of packed runs on an onnxruntime session made with the CUDA provider's `enable_cuda_graph`, one
-    per run shape (tokens, rows, token_offset's width): each shape's inputs and per-row output live in device
-    buffers bound once (IO binding), refilled in place for each call; the session captures a shape's run on its
-    third call with that shape's `gpu_graph_id` and replays it after. Captured on the thread that serves execute()
-    (onnxruntime keeps a graph in the thread that captured it).
+class OneRowGraphs:
+    """CUDA graphs of one-row runs of 1..max_tokens tokens, one per token count, on an onnxruntime session made
+    with the CUDA provider's `enable_cuda_graph`: each count's inputs and per-row output live in device buffers
+    bound once (IO binding), refilled in place for each call; the session captures a count's run on its third
+    call with that `gpu_graph_id` and replays it after. Captured at load, on the thread that serves execute()
+    (onnxruntime keeps a graph in the thread that captured it)."""
 
-    `every_run` False: one-row runs of at most GRAPH_MAX_TOKENS tokens only, each at its own shape, all captured at
-    load. True: every run, filled with rows of token 0 up to a shape of a few (rows: the next power of two above
-    its rows; width: the next power of two at or above its longest row, at least 8, at most max_row; tokens:
-    `filled_tokens`), each shape captured on first use."""
+    def __init__(self, session, output, max_tokens, device=0):
+        self.session, self.output, self.max_tokens, self.device = session, output, max_tokens, device
+        self.bound = {}  # tokens -> (input buffers, output buffer, binding, run options)
 
-    def __init__(self, session, output, device, max_tokens, max_row, every_run=False):
-        self.session, self.output, self.device = session, output, device
-        self.max_tokens, self.max_row, self.every_run = max_tokens, max_row, every_run
-        self.bound = {}  # shape -> (input buffers, output buffer, binding, run options)
-        self.out_dims, self.out_type = None, np.float32  # of the per-row output; warm_up learns them
+    def covers(self, run, names):
+        return run.rows == 1 and run.tokens <= self.max_tokens and names == [self.output]
 
-    def shape_of(self, run, names):
-        """The shape `run` replays at, or None when it takes session.run."""
-        if names != [self.output]:
-            return None
-        if not self.every_run:
-            return (run.tokens, 1, run.tokens) if run.rows == 1 and run.tokens <= GRAPH_MAX_TOKENS else None
-        return graph_shape(run, self.max_tokens, self.max_row)
-
-    def __call__(self, run, shape, inputs):
-        """The per-row output of `run`'s rows, replayed at `shape`."""
-        tokens, rows, width = shape
-        feed = run.shaped(tokens, rows).feed(inputs, width)
-        if shape not in self.bound:
-            self._bind(feed, shape)
-            for _ in range(2):  # two ordinary runs (the arena grows); the next one captures
-                self._replay(feed, shape)
-        return self._replay(feed, shape)[:run.rows]
-
-    def _bind(self, feed, shape):
+    def capture(self, feed, tokens, sample):
+        """Bind a `tokens`-token row's buffers (the output like `sample`, a regular run's) and capture its graph."""
         import onnxruntime as ort
 
         values = {name: ort.OrtValue.ortvalue_from_numpy(value, "cuda", self.device) for name, value in feed.items()}
-        output = ort.OrtValue.ortvalue_from_shape_and_type([shape[1], *self.out_dims], self.out_type, "cuda",
-                                                           self.device)
+        output = ort.OrtValue.ortvalue_from_shape_and_type([1, *sample.shape[1:]], sample.dtype, "cuda", self.device)
         binding = self.session.io_binding()
         for name, value in values.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_output(self.output, output)
         options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(len(self.bound) + 1))  # > 0; 0 is onnxruntime's own
-        self.bound[shape] = (values, output, binding, options)
+        options.add_run_config_entry("gpu_graph_id", str(tokens))  # an id > 0 per shape; 0 is onnxruntime's own
+        self.bound[tokens] = (values, output, binding, options)
+        for _ in range(3):  # two ordinary runs (the arena grows), then the capture
+            self(feed, tokens)
 
-    def _replay(self, feed, shape):
-        values, output, binding, options = self.bound[shape]
+    def __call__(self, feed, tokens):
+        values, output, binding, options = self.bound[tokens]
         for name, value in feed.items():
             values[name].update_inplace(value)
         self.session.run_with_iobinding(binding, options)
         return output.numpy()
 
-    def warm_up(self, inputs, sample):
-        """Learn the per-row output's dims from `sample` (an ordinary run's); in one-row mode, capture every token
-        count up to GRAPH_MAX_TOKENS (and max_row) on one row of token 0."""
-        self.out_dims, self.out_type = sample.shape[1:], sample.dtype
-        if not self.every_run:
-            for tokens in range(1, min(GRAPH_MAX_TOKENS, self.max_row) + 1):
-                ids = np.zeros(tokens, np.int32)
-                self(PackedRows(ids, ids, cu_seqlens_of([tokens])), (tokens, 1, tokens), inputs)
+    def warm_up(self, inputs, sample, max_row):
+        """Capture every token count up to max_tokens (and max_row) on one row of token 0."""
+        for tokens in range(1, min(self.max_tokens, max_row) + 1):
+            ids = np.zeros(tokens, np.int32)
+            self.capture(PackedRows(ids, ids, cu_seqlens_of([tokens])).feed(inputs), tokens, sample)
         return len(self.bound)
 
 
@@ -134,12 +110,10 @@ class PackedSteps:
     per-row output (pooled embeddings, logits) first, then its per-token outputs ([T, ...] in the graph)."""
 
     def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None), fill=False,
-                 graph_session=None, device=0, every_run=False):
+                 graph_session=None, device=0):
         self.session, self.outputs = session, list(outputs)
-        # a second session of the graph with CUDA graphs on (GPU only): lone short texts (`every_run`: every run)
-        # replay a captured graph
-        self.graphs = RunGraphs(graph_session, self.outputs[0], device, max_tokens, max_seq_len or WARMUP_SHORT_TOKENS,
-                                every_run) if graph_session else None
+        # a second session of the graph with CUDA graphs on (GPU only): lone short texts replay a captured graph
+        self.graphs = OneRowGraphs(graph_session, self.outputs[0], GRAPH_MAX_TOKENS, device) if graph_session else None
         # on the GPU each run is filled up to one of a few token counts (packing.py, filled_tokens): cuBLAS then
         # meets each GEMM shape again instead of choosing an algorithm for a new one on nearly every call
         self.fill = fill
@@ -183,11 +157,12 @@ class PackedSteps:
         merged, failed = {}, {}
         for start, stop in cut_runs(batch.lengths, self.max_tokens):
             run = batch.slice_rows(start, stop)
-            shape = self.graphs.shape_of(run, names) if self.graphs is not None else None
-            if self.fill and shape is None:
+            graphed = self.graphs is not None and self.graphs.covers(run, names)
+            if self.fill and not graphed:
                 run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
-                outs = [self.graphs(run, shape, self.inputs)] if shape else self.session.run(names, run.feed(self.inputs))
+                feed = run.feed(self.inputs)
+                outs = [self.graphs(feed, run.tokens)] if graphed else self.session.run(names, feed)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 for part in set(owner_of_row[start:stop].tolist()):
@@ -251,8 +226,9 @@ class PackedSteps:
         graphs = ""
         if self.graphs is not None:
             one = PackedRows(np.zeros(1, np.int32), np.zeros(1, np.int32), cu_seqlens_of([1])).feed(self.inputs)
+            sample = self.session.run(self.outputs[:1], one)[0]
             try:
-                graphs = f", {self.graphs.warm_up(self.inputs, self.session.run(self.outputs[:1], one)[0])} CUDA graphs"
+                graphs = f", {self.graphs.warm_up(self.inputs, sample, self._longest_filler())} CUDA graphs captured"
             except Exception as exc:  # noqa: BLE001 - a graph onnxruntime cannot capture: serve without graphs
                 self.graphs = None
                 graphs = f", no CUDA graphs ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"

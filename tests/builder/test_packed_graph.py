@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from builder.packing import GPU_ATTENTION, PackingError, cpu_form, packed_model, truly_packed
 from builder.parity import compare
 from contract import CU_SEQLENS, INPUT_IDS, POSITION_IDS, ROW_IDS, TOKEN_OFFSET, TOKEN_ROWS, TOKEN_TYPE_IDS
-from contract.packing import PackedRows, cu_seqlens_of, filled_tokens, graph_shape, pack_padded
+from contract.packing import PackedRows, cu_seqlens_of, filled_tokens, pack_padded
 from loadtest.packed_torch import ATTENTIONS, packed_output, token_offset
 from tests.builder.conftest import PackedCase, PackedGraphs
 from tests.builder.helpers import padded_rows
@@ -98,22 +98,6 @@ def test_filled_runs_answer_as_unfilled(packed_graphs: PackedGraphs, model: str,
     lengths[-1] += filled.tokens - rows.tokens
     joined = PackedRows(filled.input_ids, filled.token_type_ids, cu_seqlens_of(lengths))
     assert not np.allclose(case.run(joined.feed())[rows.rows - 1], case.run(rows.feed())[-1], rtol=1e-3, atol=1e-4)
-
-
-@pytest.mark.parametrize(("model", "task", "pooling"), [("bert", "embed", "mean"), ("xlmr-rerank", "rerank", None)])
-def test_runs_shaped_for_a_graph_answer_as_plain(packed_graphs: PackedGraphs, model: str, task: str,
-                                                 pooling: str | None) -> None:
-    """A run brought to its CUDA-graph shape (contract/packing.py graph_shape: filler rows, token_offset wider than
-    the longest row) answers its real rows as the plain run, in the CPU form, whose attention scatters rows into
-    token_offset's [rows, width] layout."""
-    case = packed_graphs.get(model, task, pooling)
-    for lengths in (LENGTHS[2], [1, 7, 33, 2]):
-        rows = pack_padded(*padded_rows(list(lengths), case.vocab, case.pairs))
-        tokens, count, width = graph_shape(rows, 16384, 64)
-        assert count > rows.rows and (width > max(lengths) or max(lengths) == 64)
-        shaped = case.run(rows.shaped(tokens, count).feed(width=width))
-        assert shaped.shape[0] == count
-        np.testing.assert_allclose(shaped[:rows.rows], case.run(rows.feed()), rtol=1e-5, atol=1e-6)
 
 
 def test_gpu_form_io_contract_and_fused_counts(packed_graphs: PackedGraphs) -> None:
