@@ -42,8 +42,9 @@ WARMUP_SHORT_TOKENS = 16
 MAX_ERROR_CHARS = 500
 # A run of one row of at most this many tokens (a lone short text: low load, queries) replays a CUDA graph captured
 # at load, one per token count. A graph replays the ~130 kernels of a call with one launch: on the H100 a lone
-# 11-token text took 0.6 ms instead of 1.95 (loadtest/results/h100-20j, cuda-graphs). Longer or many-row runs
-# keep session.run: their token counts are too many to capture each, and the gain shrinks with the run's size.
+# 11-token text took 0.6 ms instead of 1.95 (loadtest/results/h100-20j-probes). Longer or many-row runs
+# keep session.run: the gain shrinks with a run's size, and replaying every run at one of a few shapes measured
+# slower under load than 4 instances of session.run (loadtest/results/h100-20l-graph-modes).
 GRAPH_MAX_TOKENS = 128
 
 
