@@ -3,7 +3,7 @@
 # stubs while bench7's scheduler part runs STEP through this checkout's gateway (h100-20g-stub-profile's way, as a
 # script). The py-spy wheel travels in .gpu/d. Sampling in blocking mode (--native needs it) slows the stubs:
 # read shares, not times.
-#   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 bash loadtest/device/stub_profile.sh
+#   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 PROFILE_DELAY=3 bash loadtest/device/stub_profile.sh
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
@@ -22,7 +22,7 @@ for _ in $(seq 600); do  # until the load runs: the GPU busy (bench7 builds noth
   [ "${busy:-0}" -ge 30 ] && break
   sleep 0.5
 done
-sleep 3  # past the step's warm-up window
+sleep "${PROFILE_DELAY:-3}"  # past the warm-up: the stubs' own load-time warm-up also busies the GPU (raise it to skip that)
 pids=$(pgrep -f "triton_python_backend_stub.*bench_onnx/" | head -"${STUBS:-2}" || true)
 spies=()
 for pid in $pids; do
