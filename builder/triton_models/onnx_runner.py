@@ -75,8 +75,9 @@ class TritonPythonModel:
             options.enable_mem_pattern = False
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"
+        device = int(args.get("model_instance_device_id", "0"))
         if kind == "GPU":
-            self.session = _cuda_session(path, options, int(args.get("model_instance_device_id", "0")))
+            self.session = _cuda_session(path, options, device)
         else:
             self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
         self.max_tokens = int(parameters.get("max_batch_tokens", {}).get("string_value", "0") or 16384)
@@ -91,7 +92,7 @@ class TritonPythonModel:
 
             fill = parameters.get("fill_tokens", {}).get("string_value", "")  # true/false; absent: on a GPU
             graphs = parameters.get("cuda_graphs", {}).get("string_value", "")  # false turns them off on a GPU
-            graph_session, device = None, int(args.get("model_instance_device_id", "0"))
+            graph_session = None
             if kind == "GPU" and graphs != "false":
                 try:
                     graph_session = _cuda_session(path, options, device, {"enable_cuda_graph": "1"})
