@@ -1,6 +1,6 @@
 """What onnxruntime's CUDA graphs would save the packed model step, measured before the runner uses them (issue 20).
 
-    python -m loadtest.experiments.cuda_graphs --repository DIR [--procs 4] [--seconds 8] --out DIR
+    python -m loadtest.experiments.cuda_graphs --repository DIR [--layouts 4x1,1x4] [--cycles mix,1] [--seconds 8] --out DIR
 
 Under load a python-backend step's execution is bound by the host: launching ~130 kernels and onnxruntime's
 per-node work, in four stub processes beside the gateway (h100-20g-stub-profile, h100-20h-fill). A CUDA graph
@@ -12,8 +12,12 @@ texts (an execution at single texts c=256) and 40 (at 32-text requests). Per run
    `enable_cuda_graph` and one `gpu_graph_id` per shape: captured on its first runs, then replayed);
 2. the graph's answers on fresh inputs of the same shape against `run` (min cosine): a replay must read the new
    inputs;
-3. `--procs` processes at once (as the step's instances), each cycling through the runs for `--seconds`: runs/s
-   of `run` and of `graph` in all.
+3. `--layouts` of processes x threads at once, each thread cycling through the runs (or one of them: `--cycles`)
+   for `--seconds`: runs/s of `run` in all, and of `graph` (one thread per process: onnxruntime keeps a graph in
+   the thread that captured it). 4x1 is the step today (4 instances: 4 stub processes, 4 CUDA contexts that the
+   GPU time-slices); 1xN is N threads calling one session in one process (one context; onnxruntime gives
+   concurrent runs their own CUDA streams), which a step could do by answering through response senders from
+   worker threads. Every thread's first answer to each run is checked against the sequential one (min cosine).
 A session that cannot capture (a node off the CUDA provider, a kernel that reads back to the host) is recorded
 with its error. Where onnxruntime has no CUDA provider only `run` and `bound` on the CPU run (`--smoke`: the
 plumbing, tests/loadtest).
@@ -191,42 +195,74 @@ def probe(spec: Spec) -> dict[str, Any]:
 
 def spin(spec: Spec) -> dict[str, Any]:
     """The child's job beside `procs - 1` others: set up `mode` (run or graph) on every run, wait until all are
-    ready (files in spec["barrier"]), then cycle through the runs for spec["seconds"]; calls made."""
+    ready (files in spec["barrier"]), then cycle `threads` threads through the runs (spec["only"]: one run's index,
+    None: all) for spec["seconds"]; calls made, and the lowest cosine of a thread's answer to the sequential one."""
+    import threading
+
     _start(spec)
     session, graphed, device = _sessions(spec)
     names = {i.name for i in session.get_inputs()}
     out_name = session.get_outputs()[0].name
-    calls = []
-    for k, (_, feed, _) in enumerate(_cases(spec, names)):
-        if spec["mode"] == "graph":
-            if isinstance(graphed, str):
-                return {"error": graphed}
-            replay = BoundRun(graphed, feed, session.run([out_name], feed)[0], device, graph_id=k + 1)
-            calls.append(lambda b=replay, f=feed: b(f))
-        else:
-            calls.append(lambda f=feed: session.run([out_name], f))
-    for call in calls:
-        for _ in range(spec["warmup"]):
-            call()
+    cases = [case for k, case in enumerate(_cases(spec, names)) if spec.get("only") in (None, k)]
+    wants = [session.run([out_name], feed)[0] for _, feed, _ in cases]
+    if spec["mode"] == "graph" and isinstance(graphed, str):
+        return {"error": graphed}
+
+    def calls_of() -> list[Any]:  # a thread's calls: a graph's buffers and capture belong to one thread
+        if spec["mode"] != "graph":
+            return [lambda f=feed: session.run([out_name], f)[0] for _, feed, _ in cases]
+        return [lambda b=BoundRun(graphed, feed, want, device, graph_id=k + 1), f=feed: b(f)
+                for k, ((_, feed, _), want) in enumerate(zip(cases, wants))]
+
+    threads = int(spec.get("threads", 1))
+    made, cosines, errors = [0] * threads, [1.0] * threads, []
+    ready, go = threading.Barrier(threads + 1), threading.Event()
+
+    def work(index: int) -> None:
+        try:
+            calls = calls_of()
+            for call, want in zip(calls, wants):
+                for _ in range(spec["warmup"]):
+                    call()
+                cosines[index] = min(cosines[index], min_cosine(call(), want))
+        except Exception as exc:  # noqa: BLE001 - recorded: the layout's answer
+            errors.append(f"{type(exc).__name__}: {str(exc)[:400]}")
+        ready.wait()
+        go.wait()
+        start = time.perf_counter()
+        while not errors and time.perf_counter() - start < spec["seconds"]:
+            calls[(made[index] + index) % len(calls)]()
+            made[index] += 1
+
+    workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    ready.wait()
+    if errors:
+        go.set()
+        return {"error": errors[0]}
     barrier = Path(spec["barrier"])
     (barrier / f"ready-{spec['index']}").touch()
     deadline = time.monotonic() + 120
     while len(list(barrier.glob("ready-*"))) < spec["procs"]:
         if time.monotonic() > deadline:
+            go.set()
             return {"error": "the other processes never got ready"}
         time.sleep(0.001)  # a start line for processes, not a test's synchronisation
-    made, start = 0, time.perf_counter()
-    while time.perf_counter() - start < spec["seconds"]:
-        calls[made % len(calls)]()
-        made += 1
-    return {"calls": made, "seconds": time.perf_counter() - start}
+    start = time.perf_counter()
+    go.set()
+    for worker in workers:
+        worker.join()
+    return {"calls": sum(made), "per_thread": made, "seconds": time.perf_counter() - start,
+            "min_cosine": min(cosines), **({"error": errors[0]} if errors else {})}
 
 
-def together(spec: Spec, mode: str, procs: int, python: str) -> dict[str, Any]:
-    """`procs` children spinning `mode` at once: runs/s in all, and each one's."""
+def together(spec: Spec, mode: str, procs: int, python: str, threads: int = 1, only: int | None = None
+             ) -> dict[str, Any]:
+    """`procs` children of `threads` threads each spinning `mode` at once: runs/s in all, and each process's."""
     with tempfile.TemporaryDirectory() as barrier, ThreadPoolExecutor(procs) as pool:
-        jobs = [pool.submit(in_child, spin, {**spec, "mode": mode, "procs": procs, "index": i, "barrier": barrier},
-                            python) for i in range(procs)]
+        jobs = [pool.submit(in_child, spin, {**spec, "mode": mode, "procs": procs, "index": i, "barrier": barrier,
+                                             "threads": threads, "only": only}, python) for i in range(procs)]
         each = []
         for job in jobs:
             try:
@@ -237,7 +273,17 @@ def together(spec: Spec, mode: str, procs: int, python: str) -> dict[str, Any]:
     if errors:
         return {"error": errors[0]}
     return {"runs_per_s": sum(e["calls"] / e["seconds"] for e in each),
-            "per_process": [round(e["calls"] / e["seconds"], 1) for e in each]}
+            "per_process": [round(e["calls"] / e["seconds"], 1) for e in each],
+            "min_cosine": min(e["min_cosine"] for e in each)}
+
+
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    """"4x1,1x4" -> [(4, 1), (1, 4)]: processes x threads."""
+    layouts = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        procs, _, threads = part.partition("x")
+        layouts.append((int(procs), int(threads or 1)))
+    return layouts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-row", type=int, default=512, help="the step's max_seq_len (filler rows' length)")
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--layouts", default="4x1,1x4,1x8", help="processes x threads at once, comma-separated; "
+                   "empty: none")
+    p.add_argument("--cycles", default="mix", help=f"what each thread cycles through: mix (every run) and/or run "
+                   f"indices 0-{len(RUNS) - 1}, comma-separated")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--child-timeout", type=float, default=150, help="seconds a child may take before its watchdog "
                    "prints its stacks and ends it")
@@ -271,7 +320,17 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc)[-4000:], file=sys.stderr, flush=True)
         return 1
     modes = ["run", "graph"] if "graph_error" not in single and not args.cpu else ["run"]
-    concurrent = {mode: together(spec, mode, args.procs, python) for mode in modes} if args.procs else {}
+    layouts = parse_layouts(args.layouts)
+    cycles = [None if c == "mix" else int(c) for c in args.cycles.split(",") if c]
+    concurrent = {}
+    for only in cycles:
+        for procs, threads in layouts:
+            for mode in modes:
+                if mode == "graph" and threads > 1:
+                    continue
+                key = f"{mode} {procs}x{threads} {'mix' if only is None else list(RUNS)[only]}"
+                concurrent[key] = together(spec, mode, procs, python, threads, only)
+                _log(f"{key}: {concurrent[key]}")
     record = {"machine": describe_machine().model_dump(mode="json"), "settings": vars(args) | {
         "model": str(model), "out": str(args.out), "repository": str(args.repository)}, "single": single,
         "concurrent": concurrent}
@@ -288,10 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {label} | {row['tokens']} | {row['rows']} | {ms['run']:.3f} | {ms['bound']:.3f} | {graph} | "
                      f"{ratio} | {row.get('graph_min_cosine', float('nan')):.7f} |")
     if concurrent:
-        lines += ["", f"{args.procs} processes at once, each cycling through the runs for {args.seconds:.0f} s:", "",
-                  "| mode | runs/s in all | per process |", "| --- | ---: | --- |"]
-        for mode, c in concurrent.items():
-            lines.append(f"| {mode} | {c.get('runs_per_s', float('nan')):.1f} | {c.get('per_process', c.get('error'))} |")
+        lines += ["", f"Processes x threads at once, each thread cycling through the runs (mix) or one run for "
+                  f"{args.seconds:.0f} s:", "", "| mode, layout, cycle | runs/s in all | per process | min cosine |",
+                  "| --- | ---: | --- | ---: |"]
+        for key, c in concurrent.items():
+            lines.append(f"| {key} | {c.get('runs_per_s', float('nan')):.1f} | {c.get('per_process', c.get('error'))} "
+                         f"| {c.get('min_cosine', float('nan')):.7f} |")
     out = args.out / f"{args.name}-cuda-graphs"
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(record, indent=1, default=str))

@@ -138,12 +138,14 @@ def test_sparse_times_the_full_row_and_topk(tmp_path: Path) -> None:
 @pytest.mark.slow  # a GPU experiment's CPU smoke run (~3 s): `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_cuda_graph_probe_times_each_run_and_mode(tmp_path: Path) -> None:
-    """loadtest.experiments.cuda_graphs on the CPU: `run` and `bound` per run, two processes at once; the graph
-    session is recorded as impossible here, with the reason."""
+    """loadtest.experiments.cuda_graphs on the CPU: `run` and `bound` per run; two processes, then one process of two
+    threads, at once, cycling through every run and through one; the graph session is recorded as impossible here,
+    with the reason."""
     from tests.loadtest.test_ort_probe import packed_graph
 
     proc = subprocess.run([sys.executable, "-m", "loadtest.experiments.cuda_graphs", "--model",
-                           str(packed_graph(tmp_path / "packed.onnx")), "--cpu", "--procs", "2", "--seconds", "0.5",
+                           str(packed_graph(tmp_path / "packed.onnx")), "--cpu", "--layouts", "2x1,1x2", "--cycles", "mix,1",
+                           "--seconds", "0.5",
                            "--repeats", "3", "--warmup", "1", "--vocab", "300", "--name", "t", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -152,4 +154,8 @@ def test_cuda_graph_probe_times_each_run_and_mode(tmp_path: Path) -> None:
     assert [row["rows"] for row in runs.values()] == [1, 17, 41]  # 16 and 40 texts, each run filled by one row
     assert all(set(row["median_ms"]) == {"run", "bound"} and row["bound_min_cosine"] == 1.0 for row in runs.values())
     assert record["single"]["graph_error"] == "no CUDA provider here"
-    assert len(record["concurrent"]["run"]["per_process"]) == 2
+    concurrent = record["concurrent"]
+    assert list(concurrent) == ["run 2x1 mix", "run 1x2 mix", "run 2x1 16 texts (single texts c=256)",
+                                "run 1x2 16 texts (single texts c=256)"]
+    assert [len(c["per_process"]) for c in concurrent.values()] == [2, 1, 2, 1]
+    assert all(c["runs_per_s"] > 0 and c["min_cosine"] > 0.99999 for c in concurrent.values())
