@@ -18,6 +18,7 @@ tokens, then zeros), as a padded step returns them.
 """
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -48,6 +49,16 @@ MAX_ERROR_CHARS = 500
 GRAPH_MAX_TOKENS = 128
 
 
+class Part(NamedTuple):
+    """One valid request of an execute() call: its index there, its rows (packed), its padded width (None for a
+    packed request) and the outputs it asked for."""
+
+    index: int
+    rows: PackedRows
+    width: int | None
+    wanted: list
+
+
 def _error_response(message, code="INVALID_ARG"):
     """An error response; the TritonError codes exist from Triton 23.x on and are looked up when the stub runs."""
     value = getattr(pb_utils.TritonError, code, None)
@@ -73,7 +84,7 @@ class OneRowGraphs:
         self.bound = {}  # tokens -> (input buffers, output buffer, binding, run options)
 
     def covers(self, run, names):
-        return run.rows == 1 and run.tokens <= self.max_tokens and names == [self.output]
+        return run.rows == 1 and run.tokens <= self.max_tokens and list(names) == [self.output]
 
     def capture(self, feed, tokens, sample):
         """Bind a `tokens`-token row's buffers (the output like `sample`, a regular run's) and capture its graph."""
@@ -140,25 +151,46 @@ class PackedSteps:
         names = [n for n in request.requested_output_names() if n in self.outputs]
         return names or self.outputs[:1]
 
-    def __call__(self, requests):
-        responses = [None] * len(requests)
-        parts = []  # (request index, rows, padded width or None, outputs it asked for)
+    def parse(self, requests, copy=False):
+        """(parts, errors): a Part per valid request, in order; an error response per index of one that breaks the
+        contract. `copy`: the parts own their arrays (a request's tensors are freed when execute() returns)."""
+        parts, errors = [], {}
         for index, request in enumerate(requests):
             try:
                 rows, width = self.rows_of(request)
             except PackingError as exc:
-                responses[index] = _error_response(str(exc))
+                errors[index] = _error_response(str(exc))
                 continue
-            parts.append((index, rows, width, self._requested(request)))
+            if copy:
+                rows = PackedRows(rows.input_ids.copy(), rows.token_type_ids.copy(), rows.cu_seqlens.copy())
+            parts.append(Part(index, rows, width, self._requested(request)))
+        return parts, errors
+
+    def graphed(self, parts):
+        """Whether these parts make one run that replays a CUDA graph (a lone short text asking for the pooled
+        output)."""
+        return (self.graphs is not None and len(parts) == 1 and parts[0].rows.rows == 1
+                and self.graphs.covers(parts[0].rows, parts[0].wanted))
+
+    def __call__(self, requests):
+        parts, errors = self.parse(requests)
+        responses = [errors.get(index) for index in range(len(requests))]
+        for part, response in zip(parts, self.run(parts)):
+            responses[part.index] = response
+        return responses
+
+    def run(self, parts, graphs=True):
+        """A response per part: every part's rows merged in order, cut into runs under the token budget. `graphs`:
+        whether a lone short run may replay its CUDA graph (only on the thread that captured them)."""
         if not parts:
-            return responses
-        batch = concat([rows for _, rows, _, _ in parts])
-        names = [n for n in self.outputs if any(n in wanted for *_, wanted in parts)]
-        owner_of_row = np.repeat(np.arange(len(parts)), [rows.rows for _, rows, _, _ in parts])
+            return []
+        batch = concat([part.rows for part in parts])
+        names = [n for n in self.outputs if any(n in part.wanted for part in parts)]
+        owner_of_row = np.repeat(np.arange(len(parts)), [part.rows.rows for part in parts])
         merged, failed = {}, {}
         for start, stop in cut_runs(batch.lengths, self.max_tokens):
             run = batch.slice_rows(start, stop)
-            graphed = self.graphs is not None and self.graphs.covers(run, names)
+            graphed = graphs and self.graphs is not None and self.graphs.covers(run, names)
             if self.fill and not graphed:
                 run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
@@ -176,14 +208,15 @@ class PackedSteps:
                 if name not in merged:
                     merged[name] = np.empty((batch.rows if per_row else batch.tokens, *out.shape[1:]), np.float32)
                 merged[name][low:high] = out[:high - low]  # without a filled run's filler rows or tokens
-        row = 0
-        for part, (index, rows, width, wanted) in enumerate(parts):
-            if part in failed:
-                responses[index] = _error_response(failed[part], "INTERNAL")
+        responses, row = [], 0
+        for k, part in enumerate(parts):
+            if k in failed:
+                responses.append(_error_response(failed[k], "INTERNAL"))
             else:
-                tensors = [pb_utils.Tensor(n, self._output(n, merged[n], batch, row, rows, width)) for n in wanted]
-                responses[index] = pb_utils.InferenceResponse(tensors)
-            row += rows.rows
+                tensors = [pb_utils.Tensor(n, self._output(n, merged[n], batch, row, part.rows, part.width))
+                           for n in part.wanted]
+                responses.append(pb_utils.InferenceResponse(tensors))
+            row += part.rows.rows
         return responses
 
     def _output(self, name, values, batch, row, rows, width):

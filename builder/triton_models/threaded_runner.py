@@ -1,0 +1,135 @@
+"""Several runs of one packed step at once in one stub process (step parameter `execution_threads` > 1).
+
+Each Triton instance of a python-backend step is a process with its own CUDA context, and the GPU time-slices
+contexts: on the H100 four processes calling session.run made 873 runs/s, one process of four threads calling one
+session 1,391 (onnxruntime gives concurrent runs their own CUDA streams; loadtest/results/h100-20m-threads). So a
+GPU step runs as one instance whose execute() only checks its requests and queues them, and returns None; worker
+threads merge what is queued, up to the token budget, run it, and answer each request through its response sender
+(a non-decoupled model may, since Triton 24.06: exactly one response per request, with the final flag). Triton
+counts the instance free as soon as execute() returns, so requests reach the queue as they arrive and a free
+worker takes all that waits, the way four instances took what Triton's batcher had queued.
+
+A lone short text that finds every worker idle replays its CUDA graph in execute() itself: onnxruntime keeps a
+graph in the thread that captured it (initialize(), the same thread), and the answer goes back as execute()'s
+return value, without a hand-over.
+"""
+
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from cancellation import CHECK_CANCELLED_AFTER_S, cancelled_response
+from packed_runner import PackedRows, _error_response
+from packing import cu_seqlens_of
+
+JOIN_TIMEOUT_S = 30.0  # finalize(): how long the workers may take to answer what is queued
+
+
+class ThreadedSteps:
+    """execute(requests) for a PackedSteps run by `threads` worker threads (see the module's docstring)."""
+
+    def __init__(self, steps, threads, name="step"):
+        self.steps, self.name = steps, name
+        self.queue = []  # (part, sender, time queued), in arrival order
+        self.busy = 0  # workers running a batch
+        self.stopping = False
+        self.changed = threading.Condition()
+        self.threads, self.workers = threads, []
+
+    def start(self, gpu):
+        """Start the workers; on a GPU each first makes one run beside the others (onnxruntime gives a concurrent
+        run a CUDA stream and cuBLAS handle of its own, made on first use), before execute() is called."""
+        warmed = threading.Barrier(self.threads + 1)
+        self.workers = [threading.Thread(target=self._work, args=(warmed, gpu), name=f"{self.name}-run-{k}",
+                                         daemon=True) for k in range(self.threads)]
+        for worker in self.workers:
+            worker.start()
+        warmed.wait()
+        return f"{self.threads} execution threads"
+
+    def _warm_up(self, warmed, gpu):
+        try:
+            if gpu:
+                tokens = self.steps.max_seq_len or 16
+                ids = np.zeros(tokens, np.int32)
+                self.steps.session.run(self.steps.outputs[:1],
+                                       PackedRows(ids, ids, cu_seqlens_of([tokens])).feed(self.steps.inputs))
+        finally:
+            warmed.wait()
+
+    def __call__(self, requests):
+        parts, errors = self.steps.parse(requests, copy=True)
+        with self.changed:
+            idle = not self.queue and not self.busy
+        if not errors and idle and self.steps.graphed(parts):
+            return self.steps(requests)  # the lone short text's graph, on this thread (see the module's docstring)
+        for index, response in errors.items():
+            self._send(requests[index].get_response_sender(), response)
+        now = time.perf_counter()
+        queued = [(part, requests[part.index].get_response_sender(), now) for part in parts]
+        with self.changed:
+            self.queue.extend(queued)  # at once: a worker takes an execute()'s requests together
+            self.changed.notify()
+        return None
+
+    def _take(self):
+        """The next requests to run: at least the oldest, then those behind it within the token budget; None when
+        stopping with nothing queued."""
+        with self.changed:
+            while not self.queue and not self.stopping:
+                self.changed.wait()
+            if not self.queue:
+                return None
+            tokens, count = 0, 0
+            for part, _, _ in self.queue:
+                if count and tokens + part.rows.tokens > self.steps.max_tokens:
+                    break
+                tokens += part.rows.tokens
+                count += 1
+            taken, self.queue = self.queue[:count], self.queue[count:]
+            self.busy += 1
+            if self.queue:
+                self.changed.notify()  # more waits: another worker may take it
+            return taken
+
+    def _work(self, warmed, gpu):
+        self._warm_up(warmed, gpu)
+        while (taken := self._take()) is not None:
+            try:
+                self._run(taken)
+            finally:
+                with self.changed:
+                    self.busy -= 1
+
+    def _run(self, taken):
+        now = time.perf_counter()
+        live = []
+        for item in taken:  # one that waited long may have been given up by its caller
+            if now - item[2] > CHECK_CANCELLED_AFTER_S and item[1].is_cancelled():
+                self._send(item[1], cancelled_response())
+            else:
+                live.append(item)
+        answered = 0
+        try:
+            for response, (_, sender, _) in zip(self.steps.run([part for part, _, _ in live], graphs=False), live):
+                self._send(sender, response)
+                answered += 1
+        except Exception as exc:  # noqa: BLE001 - a request must never be left without its answer
+            message = f"the step failed on this request: {type(exc).__name__}: {exc}"
+            for _, sender, _ in live[answered:]:
+                self._send(sender, _error_response(message, "INTERNAL"))
+
+    def _send(self, sender, response):
+        try:
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # noqa: BLE001 - e.g. the request was cancelled and Triton let it go
+            pb_utils.Logger.log_warn(f"{self.name}: a response could not be sent: {str(exc)[:300]}")
+
+    def close(self):
+        """Answer what is queued, then stop the workers."""
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        for worker in self.workers:
+            worker.join(JOIN_TIMEOUT_S)
