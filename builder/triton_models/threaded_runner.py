@@ -24,6 +24,33 @@ from packed_runner import PackedRows, _error_response
 from packing import cu_seqlens_of
 
 JOIN_TIMEOUT_S = 30.0  # finalize(): how long the workers may take to answer what is queued
+REPORT_EVERY_S = 30.0  # how often Triton's log gets where the runs' time went (Triton's own statistics see execute()
+                       # only, which here just queues)
+
+
+class StageTimes:
+    """Where the threaded step's time goes, summed between reports: execute() calls, and per run the wait in the
+    queue (of its oldest request), session.run and the rest of the run's work, and sending the answers."""
+
+    def __init__(self, name):
+        self.name, self.lock, self.since = name, threading.Lock(), time.perf_counter()
+        self.sums = dict.fromkeys(("execute", "calls", "runs", "requests", "rows", "wait", "run", "send"), 0.0)
+
+    def add(self, **amounts):
+        with self.lock:
+            for key, amount in amounts.items():
+                self.sums[key] += amount
+            now = time.perf_counter()
+            if now - self.since < REPORT_EVERY_S or not self.sums["runs"]:
+                return
+            s, seconds, self.since = dict(self.sums), now - self.since, now
+            self.sums = dict.fromkeys(self.sums, 0.0)
+        runs = s["runs"]
+        pb_utils.Logger.log_info(
+            f"{self.name}: {runs / seconds:.0f} runs/s over {seconds:.0f}s, {s['requests'] / runs:.1f} requests and "
+            f"{s['rows'] / runs:.1f} rows each; per run: {s['wait'] / runs * 1e3:.2f} ms queued, "
+            f"{s['run'] / runs * 1e3:.2f} ms running, {s['send'] / runs * 1e3:.2f} ms sending; "
+            f"execute(): {s['calls'] / seconds:.0f}/s, {s['execute'] / max(s['calls'], 1) * 1e3:.2f} ms each")
 
 
 class ThreadedSteps:
@@ -36,6 +63,7 @@ class ThreadedSteps:
         self.stopping = False
         self.changed = threading.Condition()
         self.threads, self.workers = threads, []
+        self.times = StageTimes(name)
 
     def start(self, gpu):
         """Start the workers; on a GPU each first makes one run beside the others (onnxruntime gives a concurrent
@@ -59,6 +87,7 @@ class ThreadedSteps:
             warmed.wait()
 
     def __call__(self, requests):
+        start = time.perf_counter()
         parts, errors = self.steps.parse(requests, copy=True)
         with self.changed:
             idle = not self.queue and not self.busy
@@ -71,6 +100,7 @@ class ThreadedSteps:
         with self.changed:
             self.queue.extend(queued)  # at once: a worker takes an execute()'s requests together
             self.changed.notify()
+        self.times.add(execute=time.perf_counter() - start, calls=1)
         return None
 
     def _take(self):
@@ -103,22 +133,26 @@ class ThreadedSteps:
                     self.busy -= 1
 
     def _run(self, taken):
-        now = time.perf_counter()
+        start = time.perf_counter()
         live = []
         for item in taken:  # one that waited long may have been given up by its caller
-            if now - item[2] > CHECK_CANCELLED_AFTER_S and item[1].is_cancelled():
+            if start - item[2] > CHECK_CANCELLED_AFTER_S and item[1].is_cancelled():
                 self._send(item[1], cancelled_response())
             else:
                 live.append(item)
-        answered = 0
+        answered, sent = 0, start
         try:
-            for response, (_, sender, _) in zip(self.steps.run([part for part, _, _ in live], graphs=False), live):
+            responses = self.steps.run([part for part, _, _ in live], graphs=False)
+            sent = time.perf_counter()
+            for response, (_, sender, _) in zip(responses, live):
                 self._send(sender, response)
                 answered += 1
         except Exception as exc:  # noqa: BLE001 - a request must never be left without its answer
             message = f"the step failed on this request: {type(exc).__name__}: {exc}"
             for _, sender, _ in live[answered:]:
                 self._send(sender, _error_response(message, "INTERNAL"))
+        self.times.add(runs=1, requests=len(taken), rows=sum(part.rows.rows for part, _, _ in taken),
+                       wait=start - taken[0][2], run=sent - start, send=time.perf_counter() - sent)
 
     def _send(self, sender, response):
         try:

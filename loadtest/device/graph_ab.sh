@@ -58,6 +58,7 @@ PY
       for code in $order; do
         python3 -m loadtest bench7 --name "ab-$code$round" --parts scheduler --steps "$STEPS" \
           --repository "$W/$code/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 | grep -E "^[|] stack scheduler: (single|32|short)|errors per step" || true
+        cp "$W/bench/triton.log" "$OUT/ab/triton-$code$round.log" 2>/dev/null || true  # e.g. a threaded step's stage times
       done
     done
     # the device tool brings back few files: one archive of every run's record

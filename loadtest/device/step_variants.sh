@@ -5,9 +5,10 @@
 #   sync  the same step as the builder made it before execution threads: 4 instances, each execute() answering
 #         its own requests
 #   nog   new with the step parameter cuda_graphs "false": no CUDA graphs for one-row runs
+#   t2x2  new with 2 instances of 2 execution threads each
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
-for code in new sync nog; do
+for code in new sync nog t2x2; do
   rm -rf "$W/$code" && mkdir -p "$W/$code" && cp -r "$W/repository" "$W/$code/repository"
 done
 cat >> "$W/nog/repository/bench_onnx/config.pbtxt" <<'CFG'
@@ -18,17 +19,20 @@ parameters {
   }
 }
 CFG
-python3 - "$W/sync/repository/bench_onnx" <<'PY'
+python3 - "$W" <<'PY'
 import sys
 from pathlib import Path
 
 from builder.configs import read_config, write_config
 
-folder = Path(sys.argv[1])
-config = read_config(folder / "config.pbtxt")
-del config.parameters["execution_threads"]
-config.instance_group[0].count = 4
-write_config(folder, config)
+for code, instances, threads in (("sync", 4, None), ("t2x2", 2, "2")):
+    folder = Path(sys.argv[1]) / code / "repository" / "bench_onnx"
+    config = read_config(folder / "config.pbtxt")
+    del config.parameters["execution_threads"]
+    if threads:
+        config.parameters["execution_threads"].string_value = threads
+    config.instance_group[0].count = instances
+    write_config(folder, config)
 PY
 grep -A3 cuda_graphs "$W/nog/repository/bench_onnx/config.pbtxt"
-grep -B1 -A4 "count\|execution_threads" "$W/new/repository/bench_onnx/config.pbtxt" "$W/sync/repository/bench_onnx/config.pbtxt"
+grep -A3 "count: [0-9]\|execution_threads" "$W"/{new,sync,t2x2}/repository/bench_onnx/config.pbtxt | grep "count\|string_value"
