@@ -2,7 +2,7 @@
 # On the GPU host, after gateway_ab.sh build and step_variants.sh: bench7's scheduler part on the step variants in
 # turns (round N: the order reversed on even rounds), each with this checkout's gateway; Triton's log of each run
 # is kept (a threaded step reports where its runs' time went).
-#   RUNS='sync new t2x2 new+if4' bash loadtest/device/threads_ab.sh 1
+#   RUNS='sync new t2x2 new+if4' [PARTS=scheduler,ensemble] bash loadtest/device/threads_ab.sh 1
 # A run named CODE+if4 serves CODE with GATEWAY_MAX_BATCHES_IN_FLIGHT=4 (2 per worker with 8 workers on 4 runs at once).
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
@@ -15,9 +15,9 @@ for run in $order; do
   code=${run%%+*}; env=()
   [ "$run" != "$code" ] && env=(GATEWAY_MAX_BATCHES_IN_FLIGHT=4)
   label=$(echo "$run" | tr '+' '-')${1:-1}
-  env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "ab-$label" --parts scheduler --steps "$STEPS" \
+  env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "ab-$label" --parts "${PARTS:-scheduler}" --steps "$STEPS" \
     --repository "$W/$code/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
-    | grep -E "^[|] stack scheduler: (single|32|short)[^|]*[|] closed|errors per step" || true
+    | grep -E "^[|] stack (scheduler|ensemble): (single|32|short)[^|]*[|] closed|errors per step" || true
   cp "$W/bench/triton.log" "$OUT/ab/triton-$label.log" 2>/dev/null || true
   grep -h "runs/s over" "$OUT/ab/triton-$label.log" | sed 's/.*\] "//' | cut -c1-260 || true
 done
