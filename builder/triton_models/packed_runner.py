@@ -236,27 +236,32 @@ class PackedSteps:
     def _longest_filler(self):
         return self.max_seq_len or WARMUP_SHORT_TOKENS
 
-    def warm_up(self, gpu):
-        """Run a few token counts once, bounded by the token budget: a short row; on a GPU also the budget in rows
-        of max_seq_len (the largest attention) and in short rows (the largest mean-pooling matrix), then, when runs
-        are filled, each token count a run is filled up to (filler rows only), so that cuBLAS has chosen every
-        GEMM's algorithm and loaded its kernels before the first request."""
+    def warm_feeds(self, gpu):
+        """The warm-up runs' feeds: a short row; on a GPU also the budget in rows of max_seq_len (the largest
+        attention) and in short rows (the largest mean-pooling matrix), then, when runs are filled, each token count
+        a run is filled up to (filler rows only), so that cuBLAS has chosen every GEMM's algorithm and loaded its
+        kernels before the first request."""
         longest = self.max_seq_len or WARMUP_SHORT_TOKENS
         sizes = [(1, min(WARMUP_SHORT_TOKENS, longest))]
         if gpu:
             sizes += [(max(1, self.max_tokens // longest), longest),
                       (max(1, self.max_tokens // WARMUP_SHORT_TOKENS), min(WARMUP_SHORT_TOKENS, longest))]
-        start = time.perf_counter()
         for rows, length in sizes:
-            tokens = rows * length
-            ids = np.zeros(tokens, np.int32)  # id 0 exists in every vocabulary
+            ids = np.zeros(rows * length, np.int32)  # id 0 exists in every vocabulary
             feed = PackedRows(ids, np.zeros_like(ids), cu_seqlens_of([length] * rows))
             for first, stop in cut_runs(feed.lengths, self.max_tokens):
-                self.session.run(self.outputs, feed.slice_rows(first, stop).feed(self.inputs))
-        filled = fill_sizes(self.max_tokens) if self.fill else []
+                yield feed.slice_rows(first, stop).feed(self.inputs)
         nothing = PackedRows(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int32))
-        for tokens in filled:
-            self.session.run(self.outputs, nothing.filled(tokens, self._longest_filler()).feed(self.inputs))
+        for tokens in fill_sizes(self.max_tokens) if self.fill else []:
+            yield nothing.filled(tokens, self._longest_filler()).feed(self.inputs)
+
+    def warm_up(self, gpu):
+        """Make the warm-up runs (warm_feeds), then capture the CUDA graphs; a line for Triton's log."""
+        start = time.perf_counter()
+        runs = 0
+        for feed in self.warm_feeds(gpu):
+            self.session.run(self.outputs, feed)
+            runs += 1
         graphs = ""
         if self.graphs is not None:
             one = PackedRows(np.zeros(1, np.int32), np.zeros(1, np.int32), cu_seqlens_of([1])).feed(self.inputs)
@@ -266,5 +271,6 @@ class PackedSteps:
             except Exception as exc:  # noqa: BLE001 - a graph onnxruntime cannot capture: serve without graphs
                 self.graphs = None
                 graphs = f", no CUDA graphs ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
-        return (f"packed layout, {len(sizes) + len(filled)} warm-up runs ({len(filled)} filled token counts){graphs} in "
+        filled = len(fill_sizes(self.max_tokens)) if self.fill else 0
+        return (f"packed layout, {runs} warm-up runs ({filled} filled token counts){graphs} in "
                 f"{time.perf_counter() - start:.1f}s")

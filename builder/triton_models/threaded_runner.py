@@ -18,11 +18,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 from cancellation import CHECK_CANCELLED_AFTER_S, cancelled_response
-from packed_runner import PackedRows, _error_response
-from packing import cu_seqlens_of
+from packed_runner import _error_response
 
 JOIN_TIMEOUT_S = 30.0  # finalize(): how long the workers may take to answer what is queued
 # Threads that send answers. A send is one round trip to Triton's process, which handles sends on a pool of its own
@@ -79,23 +77,31 @@ class ThreadedSteps:
         self.senders = ThreadPoolExecutor(SEND_THREADS, thread_name_prefix=f"{name}-send")
 
     def start(self, gpu):
-        """Start the workers; on a GPU each first makes one run beside the others (onnxruntime gives a concurrent
-        run a CUDA stream and cuBLAS handle of its own, made on first use), before execute() is called."""
+        """Start the workers; on a GPU they first make the step's warm-up runs all at once, size by size: concurrent
+        runs get CUDA streams of their own (onnxruntime's stream pool), each with its own cuBLAS handle, and each
+        handle would otherwise meet every token count cold under load. Returns a line for Triton's log."""
+        started = time.perf_counter()
+        feeds = list(self.steps.warm_feeds(gpu)) if gpu else []
+        side_by_side = threading.Barrier(self.threads)
         warmed = threading.Barrier(self.threads + 1)
-        self.workers = [threading.Thread(target=self._work, args=(warmed, gpu), name=f"{self.name}-run-{k}",
-                                         daemon=True) for k in range(self.threads)]
+        self.workers = [threading.Thread(target=self._work, args=(feeds, side_by_side, warmed),
+                                         name=f"{self.name}-run-{k}", daemon=True) for k in range(self.threads)]
         for worker in self.workers:
             worker.start()
         warmed.wait()
-        return f"{self.threads} execution threads"
+        return (f"{self.threads} execution threads ({len(feeds)} warm-up runs each, side by side, in "
+                f"{time.perf_counter() - started:.1f}s)")
 
-    def _warm_up(self, warmed, gpu):
+    def _warm_up(self, feeds, side_by_side, warmed):
         try:
-            if gpu:
-                tokens = self.steps.max_seq_len or 16
-                ids = np.zeros(tokens, np.int32)
-                self.steps.session.run(self.steps.outputs[:1],
-                                       PackedRows(ids, ids, cu_seqlens_of([tokens])).feed(self.steps.inputs))
+            for feed in feeds:
+                side_by_side.wait()
+                self.steps.session.run(self.steps.outputs, feed)
+        except threading.BrokenBarrierError:
+            pass  # another thread's warm-up run failed (it said why): this one stops warming too
+        except Exception as exc:  # noqa: BLE001 - a failed warm-up run only costs a cold first call
+            side_by_side.abort()
+            pb_utils.Logger.log_warn(f"{self.name}: warm-up run failed: {str(exc)[:300]}")
         finally:
             warmed.wait()
 
@@ -136,8 +142,8 @@ class ThreadedSteps:
                 self.changed.notify()  # more waits: another worker may take it
             return taken
 
-    def _work(self, warmed, gpu):
-        self._warm_up(warmed, gpu)
+    def _work(self, feeds, side_by_side, warmed):
+        self._warm_up(feeds, side_by_side, warmed)
         while (taken := self._take()) is not None:
             try:
                 self._run(taken)
