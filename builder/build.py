@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 
 from builder import configs, tensorrt_engine
 from builder.checks import check_names, check_options
-from builder.errors import BuildError, UsageError
+from builder.errors import BuildError
 from builder.attention import ATTENTION, FUSED_EXPORT_TYPES
 from builder.export import RepositoryModel, export_onnx, load_repository_model
 from builder.manifest import (
@@ -315,9 +315,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
                          f"({request.max_batch_size})")
     if bool(widths) != bool(rows):
         raise BuildError(f"{request.name}: give --batch-widths and --batch-rows together")
-    instances, threads, tokenizer_instances = default_instances(request.device, request.runtime, layout)
-    if request.execution_threads and layout != "packed":
-        raise UsageError(f"{request.name}: --execution-threads is for the packed layout's python runner")
+    instances, tokenizer_instances = default_instances(request.device, request.runtime)
     max_batch_tokens = request.max_batch_tokens or (
         DEFAULT_SPARSE_MAX_BATCH_TOKENS if task == "sparse-embed" else DEFAULT_MAX_BATCH_TOKENS)
     return ResolvedSettings(
@@ -326,7 +324,6 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         pooling=task_settings.pooling, labels=task_settings.labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances or instances,
-        execution_threads=request.execution_threads or threads,
         queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,
         tokenizer_instances=request.tokenizer_instances or tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,
         onnx_optimize=onnx_optimize, onnx_precision=precision, max_batch_tokens=max_batch_tokens,
@@ -582,7 +579,6 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
             (onnx_dir / "1" / BATCHING_MODULE).write_text(module)
             if s.layout == "packed":  # the runner's packed path and the layout's rules (contract/packing.py)
                 _copy_model_py("packed_runner", onnx_dir / "1" / "packed_runner.py")
-                _copy_model_py("threaded_runner", onnx_dir / "1" / "threaded_runner.py")
                 module = resources.files("contract").joinpath(PACKING_MODULE).read_text()
                 (onnx_dir / "1" / PACKING_MODULE).write_text(module)
     if "trt" in entries:

@@ -54,9 +54,7 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "max_queue_size": {"type": int, "help": "dynamic batcher queue policy: requests queued per model before new "
                        "ones are rejected at once (default 0 = unbounded, no policy)"},
     "instances": {"type": int, "help": "instance count of the model step (default: 4 python runtime on a GPU, "
-                  "1 for its packed layout, 2 native on a GPU, 1 on a CPU)"},
-    "execution_threads": {"type": int, "help": "packed layout: runs at once per instance, threads calling one "
-                          "onnxruntime session (default: 4 on a GPU, 1 on a CPU)"},
+                  "2 native on a GPU, 1 on a CPU)"},
     "tokenizer_instances": {"type": int, "help": "instance count of the tokenizer (default: 4 on a GPU, 1 on a CPU)"},
     "onnx_threads": {"type": int, "help": "onnxruntime intra-op threads per instance (default 0 = onnxruntime's choice)"},
     "opset": {"type": int, "help": "ONNX opset (default 17)"},

@@ -150,8 +150,6 @@ def _packed_step(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
         if key in config.parameters:
             del config.parameters[key]
     _set_parameters(config, {Param.LAYOUT: "packed", Param.MAX_SEQ_LEN: str(settings.max_seq_len)})
-    if settings.execution_threads > 1:
-        config.parameters[Param.EXECUTION_THREADS].string_value = str(settings.execution_threads)
 
 
 def set_vocabulary(config: mc.ModelConfig, vocab_size: int, type_vocab_size: int) -> None:

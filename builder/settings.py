@@ -91,12 +91,7 @@ class BuildRequest(BaseModel):
     instances: int | None = Field(
         default=None, gt=0, description="instances of the model step (onnx / trt); default: 4 for the python "
         "runtime on a GPU (each call's fixed cost overlaps with the others', loadtest/results/h100-7-tuning), "
-        "1 for its packed layout (which runs execution_threads at once in one instance), 2 for the native "
-        "runtime on a GPU, 1 on a CPU")
-    execution_threads: int | None = Field(
-        default=None, gt=0, description="packed python step: runs at once in each instance (threads calling one "
-        "onnxruntime session in one process, so one CUDA context); default: 4 on a GPU (with 1 instance: "
-        "loadtest/results/h100-20m-threads), 1 on a CPU")
+        "2 for the native runtime on a GPU, 1 on a CPU")
     tokenizer_instances: int | None = Field(
         default=None, gt=0, description="instances of the tokenizer (the ensembles'); default: 4 on a GPU "
         "build, 1 on a CPU")
@@ -190,7 +185,6 @@ class ResolvedSettings(BaseModel):
     # defaults for callers that resolve settings themselves (loadtest/model_step.py)
     queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
     max_queue_size: int = 0
-    execution_threads: int = 1
     instances: int
     tokenizer_instances: int
     onnx_threads: int
@@ -247,15 +241,11 @@ def effective_buckets(buckets: list[int], max_seq_len: int) -> list[int]:
     return sorted({min(b, max_seq_len) for b in buckets if b > 0} | {max_seq_len})
 
 
-def default_instances(device: str, runtime: str, layout: str = "padded") -> tuple[int, int, int]:
-    """(model-step instances, execution threads per instance, tokenizer instances) of a build that names none. A
-    packed python step on a GPU runs 4 threads in 1 instance: one CUDA context, where 4 instances were 4 that the
-    GPU time-slices (loadtest/results/h100-20m-threads)."""
+def default_instances(device: str, runtime: str) -> tuple[int, int]:
+    """(model-step instances, tokenizer instances) of a build that names none."""
     if device != "gpu":
-        return 1, 1, 1
-    if runtime == "python" and layout == "packed":
-        return 1, 4, 4
-    return (4 if runtime == "python" else 2), 1, 4
+        return 1, 1
+    return (4 if runtime == "python" else 2), 4
 
 
 def default_preferred_batch_sizes(max_batch_size: int) -> list[int]:

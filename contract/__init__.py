@@ -120,9 +120,6 @@ class Param:
     # layout packed, GPU: "false" turns off the CUDA graphs of lone short texts (the python runner's
     # GRAPH_MAX_TOKENS); absent = on
     CUDA_GRAPHS = "cuda_graphs"
-    # layout packed, python runner: runs at once in one instance (threads calling one onnxruntime session, answers
-    # through response senders); absent = 1, each execute() answers its own requests
-    EXECUTION_THREADS = "execution_threads"
 
 
 def output_name(task: Task) -> str:

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 CHECK_CANCELLED_AFTER_S = 0.02
 
 
-def cancelled_response():
+def _cancelled_response():
     """TritonError.CANCELLED exists from Triton 23.10 on; pb_utils gets its classes only once the stub
     runs, so they are looked up here, not at import."""
     code = getattr(pb_utils.TritonError, "CANCELLED", None)
@@ -38,6 +38,6 @@ class SkipCancelled:
             if not any(cancelled):
                 return self.execute(requests)
             live = iter(self.execute([r for r, c in zip(requests, cancelled) if not c]) if not all(cancelled) else ())
-            return [cancelled_response() if c else next(live) for c in cancelled]
+            return [_cancelled_response() if c else next(live) for c in cancelled]
         finally:
             self.previous_s = time.perf_counter() - start

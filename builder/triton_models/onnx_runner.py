@@ -12,9 +12,7 @@ A batch the gateway formed (one request, already of a declared shape) runs as it
 of any width into one execute() call.
 
 A `layout: packed` step (docs/contract.md) runs packed_runner.py instead: its graph computes real
-tokens only, and it takes packed requests (cu_seqlens) as well as padded ones. With the parameter
-`execution_threads` > 1 (a GPU build's default) threaded_runner.py runs that many of its runs at once
-in this one process.
+tokens only, and it takes packed requests (cu_seqlens) as well as padded ones.
 
 A KIND_GPU instance runs on onnxruntime's CUDA execution provider or fails to load (never on the
 CPU quietly); a KIND_CPU instance on the CPU provider. Inputs and outputs stay int32 / float32
@@ -106,12 +104,6 @@ class TritonPythonModel:
                                 device=device)
             warmed = steps.warm_up(gpu=kind == "GPU")
             self._execute = SkipCancelled(steps)
-            threads = number("execution_threads") or 1
-            if threads > 1:  # several runs at once in this process: answers go back through response senders
-                from threaded_runner import ThreadedSteps
-
-                self._execute = ThreadedSteps(steps, threads, args["model_name"])
-                warmed += f", {self._execute.start(gpu=kind == 'GPU')}"
         else:
             warmed = self._warm_up()
             self._execute = SkipCancelled(self._infer)
@@ -136,11 +128,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return self._execute(requests)
-
-    def finalize(self):
-        close = getattr(self._execute, "close", None)
-        if close is not None:
-            close()
 
     def _requested(self, request):
         names = [n for n in request.requested_output_names() if n in self.outputs]

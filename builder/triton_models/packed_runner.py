@@ -18,7 +18,6 @@ tokens, then zeros), as a padded step returns them.
 """
 
 import time
-from typing import NamedTuple
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -49,16 +48,6 @@ MAX_ERROR_CHARS = 500
 GRAPH_MAX_TOKENS = 128
 
 
-class Part(NamedTuple):
-    """One valid request of an execute() call: its index there, its rows (packed), its padded width (None for a
-    packed request) and the outputs it asked for."""
-
-    index: int
-    rows: PackedRows
-    width: int | None
-    wanted: list
-
-
 def _error_response(message, code="INVALID_ARG"):
     """An error response; the TritonError codes exist from Triton 23.x on and are looked up when the stub runs."""
     value = getattr(pb_utils.TritonError, code, None)
@@ -84,7 +73,7 @@ class OneRowGraphs:
         self.bound = {}  # tokens -> (input buffers, output buffer, binding, run options)
 
     def covers(self, run, names):
-        return run.rows == 1 and run.tokens <= self.max_tokens and list(names) == [self.output]
+        return run.rows == 1 and run.tokens <= self.max_tokens and names == [self.output]
 
     def capture(self, feed, tokens, sample):
         """Bind a `tokens`-token row's buffers (the output like `sample`, a regular run's) and capture its graph."""
@@ -151,46 +140,25 @@ class PackedSteps:
         names = [n for n in request.requested_output_names() if n in self.outputs]
         return names or self.outputs[:1]
 
-    def parse(self, requests, copy=False):
-        """(parts, errors): a Part per valid request, in order; an error response per index of one that breaks the
-        contract. `copy`: the parts own their arrays (a request's tensors are freed when execute() returns)."""
-        parts, errors = [], {}
+    def __call__(self, requests):
+        responses = [None] * len(requests)
+        parts = []  # (request index, rows, padded width or None, outputs it asked for)
         for index, request in enumerate(requests):
             try:
                 rows, width = self.rows_of(request)
             except PackingError as exc:
-                errors[index] = _error_response(str(exc))
+                responses[index] = _error_response(str(exc))
                 continue
-            if copy:
-                rows = PackedRows(rows.input_ids.copy(), rows.token_type_ids.copy(), rows.cu_seqlens.copy())
-            parts.append(Part(index, rows, width, self._requested(request)))
-        return parts, errors
-
-    def graphed(self, parts):
-        """Whether these parts make one run that replays a CUDA graph (a lone short text asking for the pooled
-        output)."""
-        return (self.graphs is not None and len(parts) == 1 and parts[0].rows.rows == 1
-                and self.graphs.covers(parts[0].rows, parts[0].wanted))
-
-    def __call__(self, requests):
-        parts, errors = self.parse(requests)
-        responses = [errors.get(index) for index in range(len(requests))]
-        for part, response in zip(parts, self.run(parts)):
-            responses[part.index] = response
-        return responses
-
-    def run(self, parts, graphs=True):
-        """A response per part: every part's rows merged in order, cut into runs under the token budget. `graphs`:
-        whether a lone short run may replay its CUDA graph (only on the thread that captured them)."""
+            parts.append((index, rows, width, self._requested(request)))
         if not parts:
-            return []
-        batch = concat([part.rows for part in parts])
-        names = [n for n in self.outputs if any(n in part.wanted for part in parts)]
-        owner_of_row = np.repeat(np.arange(len(parts)), [part.rows.rows for part in parts])
+            return responses
+        batch = concat([rows for _, rows, _, _ in parts])
+        names = [n for n in self.outputs if any(n in wanted for *_, wanted in parts)]
+        owner_of_row = np.repeat(np.arange(len(parts)), [rows.rows for _, rows, _, _ in parts])
         merged, failed = {}, {}
         for start, stop in cut_runs(batch.lengths, self.max_tokens):
             run = batch.slice_rows(start, stop)
-            graphed = graphs and self.graphs is not None and self.graphs.covers(run, names)
+            graphed = self.graphs is not None and self.graphs.covers(run, names)
             if self.fill and not graphed:
                 run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
@@ -208,15 +176,14 @@ class PackedSteps:
                 if name not in merged:
                     merged[name] = np.empty((batch.rows if per_row else batch.tokens, *out.shape[1:]), np.float32)
                 merged[name][low:high] = out[:high - low]  # without a filled run's filler rows or tokens
-        responses, row = [], 0
-        for k, part in enumerate(parts):
-            if k in failed:
-                responses.append(_error_response(failed[k], "INTERNAL"))
+        row = 0
+        for part, (index, rows, width, wanted) in enumerate(parts):
+            if part in failed:
+                responses[index] = _error_response(failed[part], "INTERNAL")
             else:
-                tensors = [pb_utils.Tensor(n, self._output(n, merged[n], batch, row, part.rows, part.width))
-                           for n in part.wanted]
-                responses.append(pb_utils.InferenceResponse(tensors))
-            row += part.rows.rows
+                tensors = [pb_utils.Tensor(n, self._output(n, merged[n], batch, row, rows, width)) for n in wanted]
+                responses[index] = pb_utils.InferenceResponse(tensors)
+            row += rows.rows
         return responses
 
     def _output(self, name, values, batch, row, rows, width):
@@ -236,32 +203,27 @@ class PackedSteps:
     def _longest_filler(self):
         return self.max_seq_len or WARMUP_SHORT_TOKENS
 
-    def warm_feeds(self, gpu):
-        """The warm-up runs' feeds: a short row; on a GPU also the budget in rows of max_seq_len (the largest
-        attention) and in short rows (the largest mean-pooling matrix), then, when runs are filled, each token count
-        a run is filled up to (filler rows only), so that cuBLAS has chosen every GEMM's algorithm and loaded its
-        kernels before the first request."""
+    def warm_up(self, gpu):
+        """Run a few token counts once, bounded by the token budget: a short row; on a GPU also the budget in rows
+        of max_seq_len (the largest attention) and in short rows (the largest mean-pooling matrix), then, when runs
+        are filled, each token count a run is filled up to (filler rows only), so that cuBLAS has chosen every
+        GEMM's algorithm and loaded its kernels before the first request."""
         longest = self.max_seq_len or WARMUP_SHORT_TOKENS
         sizes = [(1, min(WARMUP_SHORT_TOKENS, longest))]
         if gpu:
             sizes += [(max(1, self.max_tokens // longest), longest),
                       (max(1, self.max_tokens // WARMUP_SHORT_TOKENS), min(WARMUP_SHORT_TOKENS, longest))]
+        start = time.perf_counter()
         for rows, length in sizes:
-            ids = np.zeros(rows * length, np.int32)  # id 0 exists in every vocabulary
+            tokens = rows * length
+            ids = np.zeros(tokens, np.int32)  # id 0 exists in every vocabulary
             feed = PackedRows(ids, np.zeros_like(ids), cu_seqlens_of([length] * rows))
             for first, stop in cut_runs(feed.lengths, self.max_tokens):
-                yield feed.slice_rows(first, stop).feed(self.inputs)
+                self.session.run(self.outputs, feed.slice_rows(first, stop).feed(self.inputs))
+        filled = fill_sizes(self.max_tokens) if self.fill else []
         nothing = PackedRows(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int32))
-        for tokens in fill_sizes(self.max_tokens) if self.fill else []:
-            yield nothing.filled(tokens, self._longest_filler()).feed(self.inputs)
-
-    def warm_up(self, gpu):
-        """Make the warm-up runs (warm_feeds), then capture the CUDA graphs; a line for Triton's log."""
-        start = time.perf_counter()
-        runs = 0
-        for feed in self.warm_feeds(gpu):
-            self.session.run(self.outputs, feed)
-            runs += 1
+        for tokens in filled:
+            self.session.run(self.outputs, nothing.filled(tokens, self._longest_filler()).feed(self.inputs))
         graphs = ""
         if self.graphs is not None:
             one = PackedRows(np.zeros(1, np.int32), np.zeros(1, np.int32), cu_seqlens_of([1])).feed(self.inputs)
@@ -271,6 +233,5 @@ class PackedSteps:
             except Exception as exc:  # noqa: BLE001 - a graph onnxruntime cannot capture: serve without graphs
                 self.graphs = None
                 graphs = f", no CUDA graphs ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
-        filled = len(fill_sizes(self.max_tokens)) if self.fill else 0
-        return (f"packed layout, {runs} warm-up runs ({filled} filled token counts){graphs} in "
+        return (f"packed layout, {len(sizes) + len(filled)} warm-up runs ({len(filled)} filled token counts){graphs} in "
                 f"{time.perf_counter() - start:.1f}s")

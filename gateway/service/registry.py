@@ -109,7 +109,7 @@ class Endpoint:
     accelerator: OnnxAccelerator = "none"  # onnx: how the onnxruntime backend runs the step (ensemble parameter)
     precision: str = ""  # the step's `precision` parameter (fp16, fp32); "" when the step's config is not known
     step_layout: Layout = "padded"  # packed: the step takes packed batches (docs/contract.md)
-    step_instances: int = 1  # runs Triton makes of the step at once: instances (over every GPU) x execution threads
+    step_instances: int = 1  # instances Triton runs of the step (over every GPU it sees)
     # per-token outputs of the step (docs/contract.md): name -> floats per token (0: one weight per token)
     token_outputs: tuple[tuple[str, int], ...] = ()
     step_max_tokens: int = 0  # the step's token budget of one call (parameter max_batch_tokens; 0 = not declared)
@@ -184,16 +184,13 @@ def _on_gpu(config: model_config_pb2.ModelConfig) -> bool:
 
 
 def _instances(config: model_config_pb2.ModelConfig) -> int:
-    """Runs Triton can make of a model at once: each group's count, on each of its GPUs for a KIND_GPU group (Triton
-    lists the GPUs it placed a group without a `gpus` list on in the config it serves), times the runs each
-    instance makes at once (a packed python step's `execution_threads`)."""
+    """Instances Triton runs of a model: each group's count, on each of its GPUs for a KIND_GPU group (Triton
+    lists the GPUs it placed a group without a `gpus` list on in the config it serves)."""
     total = 0
     for group in config.instance_group:
         gpus = len(group.gpus) if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU else 0
         total += max(group.count, 1) * max(gpus, 1)
-    param = config.parameters.get(Param.EXECUTION_THREADS)
-    threads = param.string_value if param is not None else ""
-    return max(total, 1) * max(int(threads) if threads.isdigit() else 1, 1)
+    return max(total, 1)
 
 
 def _labels(text: str) -> tuple[str, ...]:

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU host, after gateway_ab.sh build and step_variants.sh: bench7's scheduler part on the step variants in
 # turns (round N: the order reversed on even rounds), each with this checkout's gateway; Triton's log of each run
-# is kept (a threaded step reports where its runs' time went).
-#   RUNS='sync new t2x2 new+if4' [PARTS=scheduler,ensemble] bash loadtest/device/threads_ab.sh 1
+# is kept. h100-20n-threaded-step ran it on d15b599's tree, whose step_variants.sh also made `sync` and `t2x2`
+# (execution threads, since reverted).
+#   RUNS='new nog new+if4' [PARTS=scheduler,ensemble] bash loadtest/device/threads_ab.sh 1
 # A run named CODE+if4 serves CODE with GATEWAY_MAX_BATCHES_IN_FLIGHT=4 (2 per worker with 8 workers on 4 runs at once).
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
 STEPS=${STEPS:-"single text c=256,32 texts c=16,short text c=1"}
-order=${RUNS:-sync new t2x2 new+if4}
+order=${RUNS:-new nog}
 [ $(( ${1:-1} % 2 )) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
 mkdir -p "$OUT/ab" "$W/bench"
 for run in $order; do

@@ -54,9 +54,6 @@ SECOND = ["is it good ?", "bad", "hello world", "", "fine", "the end"]
 MODELS = {"emb": ("bert", "embed", "mean"), "rr": ("bert-rerank", "rerank", None),
           "xr": ("xlmr-rerank", "rerank", None), "m3": ("bge-m3", "embed", None), "burst": ("bert", "embed", "mean")}
 FILLED = ("rr", "m3")  # steps whose runs are filled up to a few token counts (contract/packing.py), as a GPU's are
-# steps that run 2 runs at once in their instance and answer through response senders, as a GPU's do
-# (threaded_runner.py); the others answer from execute()
-THREADED = ("emb", "m3", "burst")
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +74,6 @@ def repository(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFac
     for name in FILLED:  # filled runs, as on a GPU: their answers below must not change
         config = read_config(repository / f"{name}_onnx" / "config.pbtxt")
         config.parameters[Param.FILL_TOKENS].string_value = "true"
-        write_config(repository / f"{name}_onnx", config)
-    for name in THREADED:
-        config = read_config(repository / f"{name}_onnx" / "config.pbtxt")
-        config.parameters[Param.EXECUTION_THREADS].string_value = "2"
         write_config(repository / f"{name}_onnx", config)
     return repository
 
@@ -133,8 +126,7 @@ def test_packed_build_config_and_manifest(repository: Path) -> None:
     assert params[Param.LAYOUT] == "packed" and params[Param.MAX_SEQ_LEN] == str(MAX_SEQ_LEN)
     assert (params[Param.VOCAB_SIZE], params[Param.TYPE_VOCAB_SIZE]) == (str(len(vocab_tokens())), "2")
     assert Param.BATCH_WIDTHS not in params
-    assert {"packing.py", "packed_runner.py", "threaded_runner.py", "batching.py"} <= {
-        p.name for p in (repository / "emb_onnx" / "1").iterdir()}
+    assert {"packing.py", "packed_runner.py", "batching.py"} <= {p.name for p in (repository / "emb_onnx" / "1").iterdir()}
     manifest = read_manifest(repository / "emb_onnx")
     assert manifest is not None and manifest.settings.layout == "packed"
     assert (manifest.onnx.layout, manifest.onnx.packed_form) == ("packed", "cpu")
@@ -385,8 +377,6 @@ def test_layout_defaults(tiny_embedder_dir: Path, tiny_roberta_dirs: dict[str, P
     (["--runtime", "python", "--no-onnx-optimize"], "needs onnxruntime's optimizer"),
     (["--runtime", "python", "--no-merge-buckets"], "drop --no-merge-buckets"),
     (["--runtime", "python", "--task", "sparse-embed"], "--layout packed is for --task embed, classify or rerank"),
-    (["--runtime", "python", "--layout", "padded", "--execution-threads", "2"],
-     "--execution-threads is for the packed layout's python runner"),
 ])
 def test_packed_layout_refusals(tiny_embedder_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                 options: list[str], message: str) -> None:
@@ -419,8 +409,6 @@ def test_gpu_build_here_publishes_the_gpu_form_checked_through_its_cpu_form(tiny
         assert all(p.passed and p.layout == "packed" and "CPU form" in p.ran_on for p in manifest.parity)
         config = read_config(repository / f"{name}_onnx" / "config.pbtxt")
         assert config.parameters[Param.LAYOUT].string_value == "packed" and config.instance_group[0].kind == 1  # GPU
-        # one instance (one CUDA context) running 4 runs at once (threaded_runner.py)
-        assert (config.instance_group[0].count, config.parameters[Param.EXECUTION_THREADS].string_value) == (1, "4")
         with pytest.raises(Exception, match="PackedMultiHeadAttention"):
             ort.InferenceSession(str(repository / f"{name}_onnx" / "1" / "model.onnx"),
                                  providers=["CPUExecutionProvider"])

@@ -142,33 +142,28 @@ async def test_without_a_readable_tokenizer_the_ensemble_serves(
 
 @pytest.mark.anyio
 async def test_batches_in_flight_follow_the_instances_triton_runs(python_repository: Path, tmp_path: Path) -> None:
-    """GATEWAY_MAX_BATCHES_IN_FLIGHT is per run the step makes at once, shared by the workers: a step Triton runs
-    with 3 instances gets three times the batches in flight of one with 1 (on a GPU host, every GPU's), and so does
-    one instance declaring 3 execution threads (a packed step's runs at once in one instance)."""
+    """GATEWAY_MAX_BATCHES_IN_FLIGHT is per instance of the step, shared by the workers: a step Triton runs
+    with 3 instances gets three times the batches in flight of one with 1 (on a GPU host, every GPU's)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from contract import Param
     from tests.fixtures.triton import serving
 
     seen = {}
-    for instances, threads in ((1, ""), (3, ""), (1, "3")):
-        repo = tmp_path / f"repo{instances}-{threads}"
+    for instances in (1, 3):
+        repo = tmp_path / f"repo{instances}"
         shutil.copytree(python_repository, repo)
         config_path = repo / "tinyemb_onnx" / "config.pbtxt"
         config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
         config.instance_group[0].count = instances
-        if threads:
-            config.parameters[Param.EXECUTION_THREADS].string_value = threads
         config_path.write_text(text_format.MessageToString(config))
-        with serving(TritonServer(repository=repo, log_path=tmp_path / f"triton{instances}-{threads}.log")) as server:
+        with serving(TritonServer(repository=repo, log_path=tmp_path / f"triton{instances}.log")) as server:
             served = grpcclient.InferenceServerClient(server.grpc_url).get_model_config("tinyemb_onnx").config
             assert sum(g.count for g in served.instance_group) == instances  # what Triton runs
             async with running_gateway(server.grpc_url, repository=str(repo), workers=1) as (app, client):
                 assert (await client.post("/embed", json={"model": "tinyemb", "inputs": ["x"]})).status_code == 200
                 model = app.state.runtime.registry.resolve("tinyemb", "embed")
                 endpoint = model.endpoint(None)
-                assert endpoint.step_instances == instances * int(threads or 1)
-                seen[instances, threads] = (
-                    app.state.runtime.inference.pipelines[endpoint.step_model].scheduler.policy.max_in_flight)
-    assert seen == {(1, ""): 2, (3, ""): 6, (1, "3"): 6}  # the default of 2 per run at once, one worker
+                assert endpoint.step_instances == instances
+                seen[instances] = app.state.runtime.inference.pipelines[endpoint.step_model].scheduler.policy.max_in_flight
+    assert seen == {1: 2, 3: 6}  # the default of 2 per instance, one worker
