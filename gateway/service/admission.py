@@ -11,10 +11,10 @@ texts is not mistaken for a per-token cost.
 A request is refused (`overloaded`, 503, Retry-After = when the work ahead should be done) when
 the work ahead of it would take longer than `max_wait_s` or 80% of its remaining deadline. Its own
 size never counts: an idle model admits any request within the request limits, and so does a
-model whose cost is not measured yet. The check needs no tokenization, so it runs before any; an
-admitted request is counted in at once with a guess of its size from its characters (so that a
-burst admitted while it is being tokenized is not invisible to the requests behind it), and
-corrected once it is tokenized.
+model whose cost is not measured yet (fewer than MIN_CALLS calls). The check needs no
+tokenization, so it runs before any; an admitted request is counted in at once with a guess of
+its size from its characters (so that a burst admitted while it is being tokenized is not
+invisible to the requests behind it), and corrected once it is tokenized.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ ADMIT_FRACTION = 0.8  # share of a request's remaining time it may spend waiting
 _HALF_LIFE_CALLS = 64  # the fit forgets older calls by this half-life (the hardware may change: reload, contention)
 _DECAY = 0.5 ** (1 / _HALF_LIFE_CALLS)
 _MIN_SPREAD = 0.2  # units must vary by this much (coefficient of variation) to split per-call from per-unit cost
+# Calls measured before the fit may refuse anything. The first calls of a fresh stack pay one-time costs, and two
+# or three of them can dominate the fit. On the H100, 256 clients starting at once were told "about 1.1-2.4s of work
+# ahead" and refused, by a stack that served them at 9,000 texts/s (loadtest/results/h100-20n-threaded-step). Under
+# a real overload 16 calls take well under a second.
+MIN_CALLS = 16
 
 
 class ServiceTime:
@@ -49,7 +54,8 @@ class ServiceTime:
 
     @property
     def known(self) -> bool:
-        return self.calls > 0
+        """Whether enough calls were measured to refuse by the fit (MIN_CALLS)."""
+        return self.calls >= MIN_CALLS
 
     def coefficients(self) -> tuple[float, float]:
         """(per_call_s, per_unit_s), both >= 0. While the calls seen so far all had about the same size,

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gateway.errors import ErrorKind, GatewayError
-from gateway.service.admission import Backlog, BusyClock, ServiceTime
+from gateway.service.admission import MIN_CALLS, Backlog, BusyClock, ServiceTime
 from gateway.service.in_flight import InFlightLimit
 from tests.fixtures.waiting import until
 
@@ -56,8 +56,9 @@ def test_an_idle_or_unmeasured_model_admits_anything_and_retry_after_is_the_wait
     backlog.add(10**6, 5000)
     backlog.check(time.monotonic() + 0.001)  # no cost measured yet: admitted
     backlog.done(10**6, 5000)
-    backlog.service.observe(1000, 1.0)
-    backlog.service.observe(100, 0.1)  # 1 ms a token
+    for _ in range(MIN_CALLS // 2):
+        backlog.service.observe(1000, 1.0)
+        backlog.service.observe(100, 0.1)  # 1 ms a token
     backlog.check(time.monotonic() + 0.001)  # idle: admitted whatever it brings
     backlog.add(3000, 20)  # 3 calls by tokens, 2 by rows: 3 s ahead
     assert backlog.pending_call_count() == 3 and backlog.wait_s() == pytest.approx(3.0)
@@ -70,9 +71,25 @@ def test_an_idle_or_unmeasured_model_admits_anything_and_retry_after_is_the_wait
     assert not backlog.shedding
 
 
+def test_a_cold_start_does_not_refuse_a_burst_it_serves_in_time() -> None:
+    """A fresh stack's first calls are slow (one-time costs): until MIN_CALLS calls are measured the fit refuses
+    nothing, and by then the cold calls weigh little. 256 single texts arriving at once are admitted throughout."""
+    backlog = Backlog("m", "tokens", max_wait_s=0.8, call_units=16384, call_rows=64)
+    for units, seconds in ((700, 0.6), (900, 0.6)):  # two cold calls: their cost alone says 2.4 s for the burst
+        backlog.service.observe(units, seconds)
+    backlog.add(256 * 60, 256)
+    assert backlog.service.seconds(backlog.pending, backlog.pending_call_count()) > 0.8
+    backlog.check(time.monotonic() + 60)  # not measured enough: admitted
+    for k in range(MIN_CALLS - 2):  # warm calls of ~12 texts: 4 ms each
+        backlog.service.observe(700 + 20 * k, 0.004)
+    assert backlog.service.known
+    backlog.check(time.monotonic() + 60)  # measured: the burst is a few calls, well within the wait allowed
+    assert backlog.wait_s() < 0.8 and not backlog.shedding
+
+
 def test_counted_calls_are_used_where_triton_merges_them() -> None:
     backlog = Backlog("e", "texts", max_wait_s=1.0, call_units=None)
-    for _ in range(8):
+    for _ in range(MIN_CALLS):
         backlog.service.observe(1, 0.01)  # single-text calls merged by Triton: 10 ms of busy time each
     backlog.add(150, calls=150)
     assert backlog.wait_s() == pytest.approx(1.5)

@@ -27,6 +27,7 @@ import tritonclient.grpc as grpcclient
 from devstack.fake_repository import EMBED_DIM, fake_vector
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
+from gateway.service.admission import MIN_CALLS
 from loadtest.corpus import fixed_length_corpus
 from loadtest.models import make_bert
 from loadtest.storm import Retry, StormReport, StormSettings, run_storm_sync, triton_embedding
@@ -132,10 +133,13 @@ async def test_an_idle_stack_admits_a_large_request_after_single_texts_and_a_bur
 async def test_a_client_that_waits_what_retry_after_says_is_served(
     storm_triton: TritonServer, storm_repository: Path
 ) -> None:
-    texts = fixed_length_corpus(24, size=512)
+    texts = fixed_length_corpus(24, size=2048)
     async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository), max_queue_wait_s=0.3,
                                max_batches_in_flight=1) as (app, client):
-        load = asyncio.create_task(client.post("/embed", json=embed_body(texts)))  # 16 batches of 32
+        # 64 batches of 32: the first MIN_CALLS of them teach the cost, the rest are the work ahead
+        load = asyncio.create_task(client.post("/embed", json=embed_body(texts)))
+        backlog = app.state.runtime.inference.backlog_of(app.state.runtime.registry.resolve(MODEL, "embed"))
+        await until(lambda: backlog.service.known or load.done(), "the cost learned")
         refused = None
         while refused is None and not load.done():  # until the cost is learned and the work ahead is too long
             answer = await client.post("/embed", json=embed_body(texts[:1]))
@@ -222,7 +226,8 @@ async def test_a_shedding_model_refuses_before_the_body_is_validated_or_tokenize
         assert (await client.post("/embed", json=embed_body(["warm"]))).status_code == 200
         model = app.state.runtime.registry.resolve(MODEL, "embed")
         backlog = app.state.runtime.inference.backlog_of(model)
-        backlog.service.observe(1000, 1.0)  # as if measured: 1 ms a token
+        for _ in range(MIN_CALLS):
+            backlog.service.observe(1000, 1.0)  # as if measured: 1 ms a token
         backlog.add(10**6, 10**4)  # as if a huge backlog were queued: minutes of work ahead
         invalid = {"model": MODEL, "inputs": [], "no_such_field": 1}  # a 422 once validated
         before = (await client.get("/metrics")).text
