@@ -1,6 +1,7 @@
 """What onnxruntime's CUDA graphs would save the packed model step, measured before the runner uses them (issue 20).
 
-    python -m loadtest.experiments.cuda_graphs --repository DIR [--layouts 4x1,1x4] [--cycles mix,1] [--seconds 8] --out DIR
+    python -m loadtest.experiments.cuda_graphs --repository DIR --out DIR
+        [--layouts 4x1,1x4] [--cycles mix,1] [--seconds 8]
 
 Under load a python-backend step's execution is bound by the host: launching ~130 kernels and onnxruntime's
 per-node work, in four stub processes beside the gateway (h100-20g-stub-profile, h100-20h-fill). A CUDA graph

@@ -144,8 +144,8 @@ def test_cuda_graph_probe_times_each_run_and_mode(tmp_path: Path) -> None:
     from tests.loadtest.test_ort_probe import packed_graph
 
     proc = subprocess.run([sys.executable, "-m", "loadtest.experiments.cuda_graphs", "--model",
-                           str(packed_graph(tmp_path / "packed.onnx")), "--cpu", "--layouts", "2x1,1x2", "--cycles", "mix,1",
-                           "--seconds", "0.5",
+                           str(packed_graph(tmp_path / "packed.onnx")), "--cpu", "--layouts", "2x1,1x2",
+                           "--cycles", "mix,1", "--seconds", "0.5",
                            "--repeats", "3", "--warmup", "1", "--vocab", "300", "--name", "t", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
