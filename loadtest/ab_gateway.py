@@ -1,6 +1,10 @@
 """Two gateway revisions side by side on one tritonserver: is a change to the request path free?
 
     PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest ab-gateway --before REV [--rounds 8] [--out DIR]
+        [--before-setting KEY=VALUE ...] [--after-setting KEY=VALUE ...]
+
+A setting (a gateway setting's name, as GATEWAY_KEY) compares one revision against itself: `--before HEAD
+--after-setting loop=uvloop`.
 
 Builds loadtest/models.py's `small` BERT embedder (--runtime python, CPU), starts one tritonserver
 on it and two gateways (one worker each, scheduler pipeline, system shm): `before` runs a git
@@ -118,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", required=True, help="git revision of the `before` gateway")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, help="directory for results.json and summary.md")
+    for label in LABELS:
+        parser.add_argument(f"--{label}-setting", action="append", default=[], metavar="KEY=VALUE",
+                            help=f"a gateway setting of `{label}` (repeatable)")
     args = parser.parse_args(argv)
+    extra = {label: dict(item.split("=", 1) for item in getattr(args, f"{label}_setting")) for label in LABELS}
     texts = make_corpus(CorpusSpec(size=1024))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -132,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                              runtime="python", formats="onnx", device="cpu", max_seq_len=128, max_batch_size=64)
             settings = {"repository": str(repository), "pipeline": "scheduler"}
             with TritonServer(repository=repository, log_path=root / "triton.log") as server, \
-                    GatewayProcess(server.grpc_url, settings={**settings, "shm_prefix": "abbefore"},
+                    GatewayProcess(server.grpc_url, settings={**settings, **extra["before"], "shm_prefix": "abbefore"},
                                    code_root=worktree, log_path=root / "before.log") as before, \
-                    GatewayProcess(server.grpc_url, settings={**settings, "shm_prefix": "abafter"},
+                    GatewayProcess(server.grpc_url, settings={**settings, **extra["after"], "shm_prefix": "abafter"},
                                    log_path=root / "after.log") as after:
                 assert before.process is not None and after.process is not None
                 results = asyncio.run(measure({"before": before.url, "after": after.url},
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         b, a = (statistics.median(results[label][measure_name]) for label in LABELS)
         rows.append(f"| {measure_name} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
     table = "\n".join(rows)
-    head = (f"before = {args.before}, after = working tree; small BERT embedder (--runtime python, CPU, "
+    head = (f"before = {args.before} {extra['before'] or ''}, after = working tree {extra['after'] or ''}; small BERT embedder (--runtime python, CPU, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
             "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) "
             "and the 4-client phase (32 texts)")
@@ -155,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
-            {"before": args.before, "rounds": args.rounds, "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
+            {"before": args.before, "settings": extra, "rounds": args.rounds, "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
         (args.out / "summary.md").write_text(f"# Gateway A/B\n\n{head}\n\n{table}\n")
     return 0
 

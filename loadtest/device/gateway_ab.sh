@@ -9,11 +9,14 @@
 #                                               # order of RUNS, reversed on even rounds)
 #   bash loadtest/device/gateway_ab.sh cpu      # cores per process group, per kind of gateway thread, and GPU
 #                                               # utilization during each of STEPS, for each of RUNS (old, new)
+#   bash loadtest/device/gateway_ab.sh spy      # py-spy (Python frames, not blocking) of SPY_WORKERS of this
+#                                               # gateway's workers during STEP, with host_cpu beside it
 #   bash loadtest/device/gateway_ab.sh final N  # bench7 (peers, scheduler, ensemble), this gateway
 #
 # RUNS (default "old new pool"): old = BEFORE's gateway, new = this one, pool = this one with
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
-# setting). Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
+# setting), NAME:VAR=VALUE[,VAR=VALUE] = this one with those variables (e.g. uv:GATEWAY_LOOP=uvloop).
+# Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
 BEFORE=${BEFORE:-before-tree}
@@ -36,10 +39,11 @@ case "${1:-}" in
   ab)
     order=${RUNS:-old new pool}
     [ $(( ${2:-1} % 2 )) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
-    for run in $order; do
-      tree=.; env=()
+    for spec in $order; do
+      run=${spec%%:*}; tree=.; env=()
       [ "$run" = old ] && tree=$BEFORE
       [ "$run" = pool ] && env=(GATEWAY_TOKENIZER_THREADS=$(nproc))
+      [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
       (cd "$tree" && env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
          --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
@@ -47,20 +51,55 @@ case "${1:-}" in
     tar -czf "$OUT/ab-runs-${2:-1}.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"  # the device tool brings back few files
     ;;
   cpu)  # cores per process group and per kind of gateway thread (this checkout's host_cpu) during each step, per run
-    for run in ${RUNS:-old new}; do
-      tree=.; [ "$run" = old ] && tree=$BEFORE
+    for spec in ${RUNS:-old new}; do
+      run=${spec%%:*}; tree=.; env=()
+      [ "$run" = old ] && tree=$BEFORE
+      [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
       IFS=, read -ra steps <<< "$STEPS"
       for step in "${steps[@]}"; do
         label=$run-$(echo "$step" | tr ' =' '--')
         python3 -m loadtest.experiments.host_cpu --seconds 60 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
-        (cd "$tree" && python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
+        (cd "$tree" && env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
            --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true)
         wait
         echo "== $label"; cat "$OUT/host-cpu-$label.txt"
       done
     done ;;
+  spy)
+    step=${STEP:-single text c=256}
+    dest="$OUT/gateway-spy-$(echo "$step" | tr ' =' '--')"
+    mkdir -p "$dest"
+    python3 -m loadtest.experiments.host_cpu --seconds 60 --out "$dest/host-cpu.json" > "$dest/host-cpu.txt" &
+    cpu=$!
+    python3 -m loadtest bench7 --name gateway-spy --parts scheduler --steps "$step" --duration 40 \
+      --repository "$W/repository" --work "$W/bench" --out "$W/spy-runs" > "$dest/bench7.log" 2>&1 &
+    bench=$!
+    for _ in $(seq 600); do  # until the load runs: the GPU busy
+      busy=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)
+      [ "${busy:-0}" -ge 30 ] && break
+      sleep 0.5
+    done
+    sleep "${SPY_DELAY:-5}"
+    parent=$(pgrep -f -- "-m gateway$" | head -1 || true)
+    workers=$([ -n "$parent" ] && pgrep -P "$parent" | head -"${SPY_WORKERS:-2}" || true)
+    spies=()
+    for pid in $workers; do
+      py-spy record --nonblocking -p "$pid" -d "${SPY_SECONDS:-15}" -r 250 -f raw -o "$dest/worker-$pid.raw" >/dev/null 2>&1 &
+      spies+=($!)
+    done
+    [ ${#spies[@]} -gt 0 ] && wait "${spies[@]}" || echo "no gateway worker found" >&2
+    for pid in $workers; do
+      python3 -c "import sys; from pathlib import Path; from loadtest.pyspy import summary
+print('\n'.join(summary(Path(sys.argv[1]), 80)))" "$dest/worker-$pid.raw" > "$dest/worker-$pid-frames.txt" || true
+      gzip -f "$dest/worker-$pid.raw"
+    done
+    wait "$bench" || true
+    wait "$cpu" || true
+    grep -E "^[|] stack scheduler" "$dest/bench7.log" || tail -5 "$dest/bench7.log"
+    cat "$dest/host-cpu.txt"
+    ;;
   final)  # graph_ab.sh's, on this repository
     REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" exec bash "$(dirname "$0")/graph_ab.sh" "$@" ;;
   *)
-    echo "usage: gateway_ab.sh build|check|ab N|cpu|final N" >&2; exit 2 ;;
+    echo "usage: gateway_ab.sh build|check|ab N|cpu|spy|final N" >&2; exit 2 ;;
 esac

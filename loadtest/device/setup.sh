@@ -27,7 +27,7 @@ venv() {  # venv DIR: a venv whose own packages come first, then the host's; pri
 if [ -f "$root/a/ort-sm90.tar.xz" ] && [ ! -d /tmp/ortgpu/onnxruntime ]; then
   mkdir -p /tmp/ortgpu && xz -T0 -dc "$root/a/ort-sm90.tar.xz" | tar -C /tmp/ortgpu -x
 fi
-for part in a b; do
+for part in a b d; do
   if ls "$root/$part"/whl/*.whl >/dev/null 2>&1; then
     install /tmp/site $(ls "$root/$part"/whl/*.whl | grep -v -e /numpy- -e /py_spy-)
   fi
