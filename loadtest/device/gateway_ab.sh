@@ -74,14 +74,14 @@ case "${1:-}" in
     python3 -m loadtest bench7 --name gateway-spy --parts scheduler --steps "$step" --duration 40 \
       --repository "$W/repository" --work "$W/bench" --out "$W/spy-runs" > "$dest/bench7.log" 2>&1 &
     bench=$!
-    for _ in $(seq 600); do  # until the load runs: the GPU busy
-      busy=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)
-      [ "${busy:-0}" -ge 30 ] && break
+    parent=
+    for _ in $(seq 600); do  # until the gateway runs (Triton's own warm-up busies the GPU before it starts)
+      parent=$(pgrep -f -- "-m gateway\$" | head -1 || true)
+      [ -n "$parent" ] && break
       sleep 0.5
     done
-    sleep "${SPY_DELAY:-5}"
-    parent=$(pgrep -f -- "-m gateway$" | head -1 || true)
-    workers=$([ -n "$parent" ] && pgrep -P "$parent" | head -"${SPY_WORKERS:-2}" || true)
+    sleep "${SPY_DELAY:-15}"  # its workers discover the model, then bench7's warm-up; the window is 40 s
+    workers=$([ -n "$parent" ] && pgrep -P "$parent" -f spawn_main | head -"${SPY_WORKERS:-2}" || true)
     spies=()
     for pid in $workers; do
       py-spy record --nonblocking -p "$pid" -d "${SPY_SECONDS:-15}" -r 250 -f raw -o "$dest/worker-$pid.raw" >/dev/null 2>&1 &
