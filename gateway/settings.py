@@ -63,9 +63,8 @@ class GatewaySettings(BaseSettings):
         "(contract/batching.py); empty = by the model step's device (GPU 1024, CPU 64).",
     )
     tokenize_inline_chars: int = Field(
-        1024, ge=0, description="A request of at most this many characters that finds the tokenizer idle and "
-        "nothing else queued or running for its model is tokenized inline; others are tokenized together with "
-        "concurrent ones in a worker thread.",
+        1024, ge=0, description="A request of at most this many characters that finds the tokenizer idle is "
+        "tokenized inline; others are tokenized together with concurrent ones in a worker thread.",
     )
     max_queue_wait_s: float = Field(
         0.8, gt=0, description="Admit a request only when the work ahead of it is expected to be done within this "

@@ -374,8 +374,8 @@ class Inference:
             current.tokenizer.encoder, current.sha256 = encoder, sha
             return current
         metrics = BatchMetrics(model.name)
+        tokenizer = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
         scheduler = BatchScheduler(step, model.output_width, policy, run_batch, metrics)
-        tokenizer = TokenizerQueue(encoder, self.settings.tokenize_inline_chars, quiet=scheduler.idle)
         pipeline = TokenPipeline(tokenizer, sha, scheduler, metrics, output)
         self.pipelines[step] = pipeline
         if current is not None:  # rebuilt step: what runs finishes, what waits is refused (503, retry)

@@ -189,10 +189,6 @@ class BatchScheduler:
         """Rows waiting for a batch."""
         return self._queued
 
-    def idle(self) -> bool:
-        """Nothing queued and no batch running (a batch's task may be done before its done-callback has run)."""
-        return self._queued == 0 and all(task.done() for task in self._tasks)
-
     async def submit(self, encoded: EncodedTexts, deadline: float, counted: bool = False) -> np.ndarray:
         """Outputs [n, width] float32 of the tokenized texts, in order, served before `deadline`
         (time.monotonic()) or cancelled with the caller. Admission (`backlog.check`) is the caller's;

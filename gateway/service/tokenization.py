@@ -83,18 +83,15 @@ class TokenizerQueue:
     """Tokenizes for one model off the event loop: the texts of concurrent requests are encoded
     together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and
     runs on several cores), while the next requests gather behind it. A small request that finds
-    the tokenizer idle and the worker `quiet` (its scheduler has nothing queued or running) is encoded
-    inline: at low load that is quicker than a thread hop, and under load the event loop, which is then
-    a worker's limit, keeps its time for the requests (loadtest/results/h100-20p-frontend). A very long
+    the tokenizer idle is encoded inline: at low load that is quicker than a thread hop. A very long
     request is encoded in a thread of its own, so that the short ones never wait behind it. Other work
     on the tokenizer (`call`: /tokenize, /decode) follows the same rule."""
 
     SOLO_CHARS = 32_768
 
-    def __init__(self, encoder: TextEncoder, inline_chars: int, quiet: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, encoder: TextEncoder, inline_chars: int) -> None:
         self.encoder = encoder
         self.inline_chars = inline_chars
-        self.quiet = quiet
         self._waiting: list[_Job | _Call] = []
         self._busy = False
 
@@ -103,7 +100,7 @@ class TokenizerQueue:
         chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs is not None else 0)
         if chars > self.SOLO_CHARS:
             return await asyncio.to_thread(self.encoder.encode, texts, pairs, direction)
-        if not self._busy and not self._waiting and chars <= self.inline_chars and self.quiet():
+        if not self._busy and not self._waiting and chars <= self.inline_chars:
             return self.encoder.encode(texts, pairs, direction)
         future: asyncio.Future[EncodedTexts] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Job(texts, pairs, direction, future))
@@ -113,10 +110,10 @@ class TokenizerQueue:
 
     async def call(self, work: Callable[[], T], chars: int) -> T:
         """`work()` (a call of the tokenizer over `chars` characters or ids) off the event loop, as `encode` runs:
-        inline when small and the tokenizer idle and the worker quiet, in a thread of its own when very large, else in turn."""
+        inline when small and the tokenizer is idle, in a thread of its own when very large, else in turn."""
         if chars > self.SOLO_CHARS:
             return await asyncio.to_thread(work)
-        if not self._busy and not self._waiting and chars <= self.inline_chars and self.quiet():
+        if not self._busy and not self._waiting and chars <= self.inline_chars:
             return work()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Call(work, future))

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -169,58 +167,3 @@ async def test_batches_in_flight_follow_the_instances_triton_runs(python_reposit
                 assert endpoint.step_instances == instances
                 seen[instances] = app.state.runtime.inference.pipelines[endpoint.step_model].scheduler.policy.max_in_flight
     assert seen == {1: 2, 3: 6}  # the default of 2 per instance, one worker
-
-
-async def test_a_busy_worker_tokenizes_off_its_event_loop(
-    triton_server: TritonServer, python_repository: Path, tiny_embedder_dir: Path
-) -> None:
-    """A small request is tokenized inline only while the worker's scheduler is idle; with a batch running,
-    it goes to the tokenizer's thread, and the event loop keeps its time for the requests."""
-    async with running_gateway(triton_server.grpc_url, repository=str(python_repository)) as (app, client):
-        pipeline = app.state.runtime.inference.pipelines["tinyemb_onnx"]
-        encoder, loop_thread = pipeline.tokenizer.encoder, threading.get_ident()
-        tokenizer, on_loop = encoder.tokenizer, []
-
-        class Recorder:
-            def __getattr__(self, name: str) -> Any:
-                attribute = getattr(tokenizer, name)
-                if not name.startswith("encode_batch"):
-                    return attribute
-
-                def recorded(*args: Any, **kwargs: Any) -> Any:
-                    on_loop.append(threading.get_ident() == loop_thread)
-                    return attribute(*args, **kwargs)
-                return recorded
-
-        encoder.tokenizer = Recorder()
-        scheduler = pipeline.scheduler
-        real_run, entered, release = scheduler._run_batch, asyncio.Event(), asyncio.Event()
-
-        async def held_run(*args: Any) -> Any:  # the first batch waits until the second request is tokenized
-            entered.set()
-            await release.wait()
-            return await real_run(*args)
-
-        scheduler._run_batch = held_run
-        body = {"model": "tinyemb", "inputs": ["the first text"], "normalize": False}
-        first = asyncio.create_task(client.post("/embed", json=body))
-        await entered.wait()
-        assert not scheduler.idle()
-        second = asyncio.create_task(client.post("/embed", json={**body, "inputs": ["the second text"]}))
-
-        async def second_tokenizing() -> None:
-            while len(on_loop) < 2:  # a condition, not the clock: yield until the second call of the tokenizer
-                await asyncio.sleep(0)
-
-        await asyncio.wait_for(second_tokenizing(), timeout=30)
-        release.set()
-        answers = list(await asyncio.gather(first, second))
-        scheduler._run_batch = real_run
-        later = ["the third text", "the fourth text", "the fifth text"]
-        for text in later:  # one after the other: each finds the worker quiet again
-            answers.append(await client.post("/embed", json={**body, "inputs": [text]}))
-    assert on_loop == [True, False, True, True, True], on_loop
-    assert all(a.status_code == 200 for a in answers)
-    got = np.array([a.json()["embeddings"][0] for a in answers])
-    texts = ["the first text", "the second text", *later]
-    np.testing.assert_allclose(got, reference(tiny_embedder_dir, texts, 64, "embed"), atol=1e-4)
