@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.tuned and "scheduler" in parts:
                 series.append(("scheduler tuned", "scheduler", dict(kv.split("=", 1) for kv in args.tuned.split(","))))
             for label, pipeline, extra in series:
-                settings = {"pipeline": pipeline, "repository": str(repo), "log_level": "warning",
+                # the shipped log level (info: one access-log line per request), as a user runs it
+                settings = {"pipeline": pipeline, "repository": str(repo),
                             **({"workers": args.workers} if args.workers else {}), **gateway_settings, **extra}
                 with GatewayProcess(triton.grpc_url, settings=settings,
                                     log_path=work / f"gateway-{label.replace(' ', '-')}.log") as gw:

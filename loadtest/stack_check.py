@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 hops.update(triton_ms(echo_triton.grpc_url, echo, None, ids, args.repeats,
                                       "triton step computing nothing (gRPC, python backend round trip)"))
         for pipeline in ("scheduler", "ensemble"):
-            settings = {"pipeline": pipeline, "repository": str(args.repository), "log_level": "warning"}
+            settings = {"pipeline": pipeline, "repository": str(args.repository)}  # shipped log level: info
             with GatewayProcess(triton.grpc_url, settings=settings, log_path=args.out / f"gateway-{pipeline}.log") as gw:
                 got = asyncio.run(embed_all(gw.url, args.served, texts, args.concurrency))
                 answers[pipeline] = min_cosine(got, expected)
