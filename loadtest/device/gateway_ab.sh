@@ -19,6 +19,7 @@
 # Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
+. "$(dirname "$0")/pyspy.sh"
 BEFORE=${BEFORE:-before-tree}
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
@@ -82,17 +83,8 @@ case "${1:-}" in
     done
     sleep "${SPY_DELAY:-15}"  # its workers discover the model, then bench7's warm-up; the window is 40 s
     workers=$([ -n "$parent" ] && pgrep -P "$parent" -f spawn_main | head -"${SPY_WORKERS:-2}" || true)
-    spies=()
-    for pid in $workers; do
-      py-spy record --nonblocking -p "$pid" -d "${SPY_SECONDS:-15}" -r 250 -f raw -o "$dest/worker-$pid.raw" >/dev/null 2>&1 &
-      spies+=($!)
-    done
-    [ ${#spies[@]} -gt 0 ] && wait "${spies[@]}" || echo "no gateway worker found" >&2
-    for pid in $workers; do
-      python3 -c "import sys; from pathlib import Path; from loadtest.pyspy import summary
-print('\n'.join(summary(Path(sys.argv[1]), 80)))" "$dest/worker-$pid.raw" > "$dest/worker-$pid-frames.txt" || true
-      gzip -f "$dest/worker-$pid.raw"
-    done
+    # shellcheck disable=SC2086  # the worker pids, one argument each
+    spy_processes py-spy "$dest" worker "${SPY_SECONDS:-15}" 250 80 --nonblocking $workers
     wait "$bench" || true
     wait "$cpu" || true
     grep -E "^[|] stack scheduler" "$dest/bench7.log" || tail -5 "$dest/bench7.log"

@@ -5,6 +5,7 @@
 # read shares, not times.
 #   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 PROFILE_DELAY=3 bash loadtest/device/stub_profile.sh
 set -euo pipefail
+. "$(dirname "$0")/pyspy.sh"
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
 STEP=${STEP:-single text c=256}
@@ -24,16 +25,7 @@ for _ in $(seq 600); do  # until the load runs: the GPU busy (bench7 builds noth
 done
 sleep "${PROFILE_DELAY:-3}"  # past the warm-up: the stubs' own load-time warm-up also busies the GPU (raise it to skip that)
 pids=$(pgrep -f "triton_python_backend_stub.*bench_onnx/" | head -"${STUBS:-2}" || true)
-spies=()
-for pid in $pids; do
-  "$spy" record --native -p "$pid" -d "${PROFILE_SECONDS:-20}" -r 200 -f raw -o "$dest/stub-$pid.raw" >/dev/null 2>&1 &
-  spies+=($!)
-done
-[ ${#spies[@]} -gt 0 ] && wait "${spies[@]}" || echo "no bench_onnx stub found" >&2
-for pid in $pids; do
-  python3 -c "import sys; from pathlib import Path; from loadtest.pyspy import summary
-print('\n'.join(summary(Path(sys.argv[1]), 60)))" "$dest/stub-$pid.raw" > "$dest/stub-$pid-frames.txt" || true
-  gzip -f "$dest/stub-$pid.raw"
-done
+# shellcheck disable=SC2086  # the stub pids, one argument each
+spy_processes "$spy" "$dest" stub "${PROFILE_SECONDS:-20}" 200 60 --native $pids
 wait "$bench" || true
 grep -E "^[|] stack scheduler" "$dest/bench7.log" || tail -5 "$dest/bench7.log"

@@ -1,0 +1,18 @@
+# Sourced by the device scripts: py-spy several processes at once, then summarize and compress each profile.
+#   spy_processes SPY DEST PREFIX SECONDS RATE TOP "FLAGS" PID...
+# writes DEST/PREFIX-PID.raw.gz (collapsed stacks) and DEST/PREFIX-PID-frames.txt (loadtest.pyspy.summary, TOP frames).
+spy_processes() {
+  local spy=$1 dest=$2 prefix=$3 seconds=$4 rate=$5 top=$6 flags=$7; shift 7
+  local spies=() pid
+  for pid in "$@"; do
+    # shellcheck disable=SC2086  # FLAGS is a list of py-spy options
+    "$spy" record $flags -p "$pid" -d "$seconds" -r "$rate" -f raw -o "$dest/$prefix-$pid.raw" >/dev/null 2>&1 &
+    spies+=($!)
+  done
+  [ ${#spies[@]} -gt 0 ] && wait "${spies[@]}" || { echo "no process to profile ($prefix)" >&2; return 0; }
+  for pid in "$@"; do
+    python3 -c "import sys; from pathlib import Path; from loadtest.pyspy import summary
+print('\n'.join(summary(Path(sys.argv[1]), int(sys.argv[2]))))" "$dest/$prefix-$pid.raw" "$top" > "$dest/$prefix-$pid-frames.txt" || true
+    gzip -f "$dest/$prefix-$pid.raw"
+  done
+}
