@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         b, a = (statistics.median(results[label][measure_name]) for label in LABELS)
         rows.append(f"| {measure_name} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
     table = "\n".join(rows)
-    head = (f"before = {args.before} {extra['before'] or ''}, after = working tree {extra['after'] or ''}; small BERT embedder (--runtime python, CPU, "
+    head = (f"before = {args.before} {extra['before'] or ''}, after = working tree {extra['after'] or ''}; "
+            "small BERT embedder (--runtime python, CPU, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
             "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) "
             "and the 4-client phase (32 texts)")
@@ -163,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
-            {"before": args.before, "settings": extra, "rounds": args.rounds, "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
+            {"before": args.before, "settings": extra, "rounds": args.rounds,
+             "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
         (args.out / "summary.md").write_text(f"# Gateway A/B\n\n{head}\n\n{table}\n")
     return 0
 
