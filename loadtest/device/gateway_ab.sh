@@ -19,7 +19,7 @@
 # Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
-. "$(dirname "$0")/pyspy.sh"
+. "$(dirname "$0")/profiling.sh"
 BEFORE=${BEFORE:-before-tree}
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
@@ -75,12 +75,7 @@ case "${1:-}" in
     python3 -m loadtest bench7 --name gateway-spy --parts scheduler --steps "$step" --duration 40 \
       --repository "$W/repository" --work "$W/bench" --out "$W/spy-runs" > "$dest/bench7.log" 2>&1 &
     bench=$!
-    parent=
-    for _ in $(seq 600); do  # until the gateway runs (Triton's own warm-up busies the GPU before it starts)
-      parent=$(pgrep -f -- "-m gateway\$" | head -1 || true)
-      [ -n "$parent" ] && break
-      sleep 0.5
-    done
+    parent=$(wait_for_gateway)
     sleep "${SPY_DELAY:-15}"  # its workers discover the model, then bench7's warm-up; the window is 40 s
     workers=$([ -n "$parent" ] && pgrep -P "$parent" -f spawn_main | head -"${SPY_WORKERS:-2}" || true)
     # shellcheck disable=SC2086  # the worker pids, one argument each

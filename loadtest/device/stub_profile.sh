@@ -3,9 +3,9 @@
 # stubs while bench7's scheduler part runs STEP through this checkout's gateway (h100-20g-stub-profile's way, as a
 # script). The py-spy wheel travels in .gpu/d. Sampling in blocking mode (--native needs it) slows the stubs:
 # read shares, not times.
-#   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 PROFILE_DELAY=3 bash loadtest/device/stub_profile.sh
+#   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 PROFILE_DELAY=15 bash loadtest/device/stub_profile.sh
 set -euo pipefail
-. "$(dirname "$0")/pyspy.sh"
+. "$(dirname "$0")/profiling.sh"
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
 STEP=${STEP:-single text c=256}
@@ -18,12 +18,8 @@ mkdir -p "$dest"
 python3 -m loadtest bench7 --name stub-profile --parts scheduler --steps "$STEP" --duration 60 \
   --repository "$W/repository" --work "$W/bench" --out "$W/profile-runs" > "$dest/bench7.log" 2>&1 &
 bench=$!
-for _ in $(seq 600); do  # until the load runs: the GPU busy (bench7 builds nothing here, it serves W's repository)
-  busy=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)
-  [ "${busy:-0}" -ge 30 ] && break
-  sleep 0.5
-done
-sleep "${PROFILE_DELAY:-3}"  # past the warm-up: the stubs' own load-time warm-up also busies the GPU (raise it to skip that)
+wait_for_gateway >/dev/null
+sleep "${PROFILE_DELAY:-15}"  # the gateway's workers discover the model, then bench7's warm-up; the window is 60 s
 pids=$(pgrep -f "triton_python_backend_stub.*bench_onnx/" | head -"${STUBS:-2}" || true)
 # shellcheck disable=SC2086  # the stub pids, one argument each
 spy_processes "$spy" "$dest" stub "${PROFILE_SECONDS:-20}" 200 60 --native $pids

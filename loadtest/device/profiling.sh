@@ -1,4 +1,5 @@
-# Sourced by the device scripts: py-spy several processes at once, then summarize and compress each profile.
+# Sourced by the device scripts that profile under bench7 load (gateway_ab.sh spy, stub_profile.sh).
+# spy_processes: py-spy several processes at once, then summarize and compress each profile.
 #   spy_processes SPY DEST PREFIX SECONDS RATE TOP "FLAGS" PID...
 # writes DEST/PREFIX-PID.raw.gz (collapsed stacks) and DEST/PREFIX-PID-frames.txt (loadtest.pyspy.summary, TOP frames).
 spy_processes() {
@@ -15,4 +16,16 @@ spy_processes() {
 print('\n'.join(summary(Path(sys.argv[1]), int(sys.argv[2]))))" "$dest/$prefix-$pid.raw" "$top" > "$dest/$prefix-$pid-frames.txt" || true
     gzip -f "$dest/$prefix-$pid.raw"
   done
+}
+
+# Prints the gateway's main pid once bench7 has started it (Triton's own warm-up busies the GPU before that, so
+# GPU utilization cannot tell that the load runs); empty after 5 minutes without one.
+wait_for_gateway() {
+  local parent=
+  for _ in $(seq 600); do
+    parent=$(pgrep -f -- "-m gateway\$" | head -1 || true)
+    [ -n "$parent" ] && break
+    sleep 0.5
+  done
+  echo "$parent"
 }
