@@ -6,7 +6,9 @@
 #   bash loadtest/device/graph_ab.sh build   # the bench model, a repository from each builder, stack-check (new)
 #   bash loadtest/device/graph_ab.sh step    # packed-step: the older packed graph beside this builder's graphs
 #   bash loadtest/device/graph_ab.sh ab      # bench7's scheduler part on each repository in turns, 2 rounds
-#                                            # (CODES='old new' by default; new2 = new with 2 step instances)
+#                                            # (CODES='old new' by default; new2 = new with 2 step instances;
+#                                            # PARTS=scheduler,ensemble for both pipelines; Triton's log is kept;
+#                                            # step_variants.sh's copies: GRAPH_AB_WORK=/tmp/i20g CODES='new nog')
 #   bash loadtest/device/graph_ab.sh final N # bench7 (peers, scheduler, ensemble) on this builder's repository
 #   bash loadtest/device/graph_ab.sh cpu     # cores per process group and GPU utilization during two bench7 steps
 #
@@ -56,9 +58,10 @@ PY
     for round in 1 2; do
       order=$codes; [ "$round" = 2 ] && order=$(echo $codes | tr ' ' '\n' | tac | tr '\n' ' ')
       for code in $order; do
-        python3 -m loadtest bench7 --name "ab-$code$round" --parts scheduler --steps "$STEPS" \
-          --repository "$W/$code/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 | grep -E "^[|] stack scheduler: (single|32|short)|errors per step" || true
-        cp "$W/bench/triton.log" "$OUT/ab/triton-$code$round.log" 2>/dev/null || true  # e.g. a threaded step's stage times
+        python3 -m loadtest bench7 --name "ab-$code$round" --parts "${PARTS:-scheduler}" --steps "$STEPS" \
+          --repository "$W/$code/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
+          | grep -E "^[|] stack (scheduler|ensemble): (single|32|short)|errors per step" || true
+        cp "$W/bench/triton.log" "$OUT/ab/triton-$code$round.log" 2>/dev/null || true
       done
     done
     # the device tool brings back few files: one archive of every run's record
