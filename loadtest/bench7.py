@@ -111,19 +111,25 @@ def build(model_dir: Path, repo: Path, args: argparse.Namespace) -> Path:
     return repo
 
 
+def outside_mps() -> dict[str, str]:
+    """This environment without a CUDA MPS daemon's client variables: the peers and the step alone run as a user's own
+    process would, whether or not Triton runs as an MPS client (loadtest/device/gateway_ab.sh's MPS=1)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+
+
 def step_alone_ms(repo: Path, width: int, repeats: int = 200, vocab: int = 300) -> dict[str, object]:
     """The model step alone at batch 1 x `width` (token ids below `vocab`): onnxruntime in the stub's environment,
     same provider as Triton."""
     model = next(repo.glob("*_onnx/1/model.onnx"))
     result = in_child(time_shapes, {"model": str(model), "shapes": [[1, width]], "warmup": 20, "repeats": repeats,
-                                    "vocab": vocab}, python=step_python())
+                                    "vocab": vocab}, python=step_python(), env=outside_mps())
     return {"median_ms": result["runs"][0]["median_ms"], "providers": result["providers"]}
 
 
 def peer_steps(model_dir: Path, args: argparse.Namespace, corpus_size: int) -> tuple[list[StepResult], dict[str, float]]:
     out = subprocess.run([sys.executable, "-m", "loadtest.peers", "--model", str(model_dir), "--corpus-size",
                           str(corpus_size), "--repeats", str(args.peer_repeats)], capture_output=True, text=True,
-                         check=True, cwd=REPO_ROOT)
+                         check=True, cwd=REPO_ROOT, env=outside_mps())
     line = next(x for x in out.stdout.splitlines() if x.startswith("PEERS "))
     peers = json.loads(line[len("PEERS "):])
     steps, rates = [], {}

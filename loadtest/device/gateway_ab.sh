@@ -11,11 +11,13 @@
 #                                               # utilization during each of STEPS, for each of RUNS (old, new)
 #   bash loadtest/device/gateway_ab.sh spy      # py-spy (Python frames, not blocking) of SPY_WORKERS of this
 #                                               # gateway's workers during STEP, with host_cpu beside it
-#   bash loadtest/device/gateway_ab.sh final N  # bench7 (peers, scheduler, ensemble), this gateway
+#   bash loadtest/device/gateway_ab.sh final N  # bench7 (peers, scheduler, ensemble), this gateway (MPS=1: Triton
+#                                               # as a CUDA MPS daemon's client, the peers not)
 #
 # RUNS (default "old new pool"): old = BEFORE's gateway, new = this one, pool = this one with
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
-# setting), NAME:VAR=VALUE[,VAR=VALUE] = this one with those variables (e.g. uv:GATEWAY_LOOP=uvloop).
+# setting), NAME:VAR=VALUE[,VAR=VALUE] = this one with those variables (e.g. uv:GATEWAY_LOOP=uvloop; MPS=1 runs
+# Triton's step instances as clients of a CUDA MPS daemon: mps:MPS=1).
 # Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
@@ -26,6 +28,25 @@ OUT=${OUT:-ab-out}
 NAME=${NAME:-h100-20f}
 STEPS=${STEPS:-"single text c=256,32 texts c=16,short text c=1"}
 mkdir -p "$W" "$OUT"
+
+# A run whose variables include MPS=1 runs with an MPS daemon (profiling.sh), Triton and its stubs as its clients:
+# with_mps ARRAY swaps MPS=1 in the named array of VAR=VALUE for the client variables and starts the daemon.
+MPS_DIR=$W/mps
+mps_on=0
+with_mps() {
+  local -n vars=$1
+  local kept=() v
+  mps_on=0
+  for v in ${vars[@]+"${vars[@]}"}; do
+    if [ "$v" = MPS=1 ]; then mps_on=1; else kept+=("$v"); fi
+  done
+  if [ "$mps_on" = 1 ]; then
+    mps_start "$MPS_DIR"
+    mapfile -t -O ${#kept[@]} kept < <(mps_env "$MPS_DIR")
+  fi
+  vars=(${kept[@]+"${kept[@]}"})
+}
+end_mps() { if [ "$mps_on" = 1 ]; then mps_stop "$MPS_DIR"; fi; mps_on=0; }
 
 case "${1:-}" in
   build)
@@ -45,9 +66,11 @@ case "${1:-}" in
       [ "$run" = old ] && tree=$BEFORE
       [ "$run" = pool ] && env=(GATEWAY_TOKENIZER_THREADS=$(nproc))
       [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
+      with_mps env
       (cd "$tree" && env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
          --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
+      end_mps
     done
     tar -czf "$OUT/ab-runs-${2:-1}.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"  # the device tool brings back few files
     ;;
@@ -56,6 +79,7 @@ case "${1:-}" in
       run=${spec%%:*}; tree=.; env=()
       [ "$run" = old ] && tree=$BEFORE
       [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
+      with_mps env
       IFS=, read -ra steps <<< "$STEPS"
       for step in "${steps[@]}"; do
         label=$run-$(echo "$step" | tr ' =' '--')
@@ -65,6 +89,7 @@ case "${1:-}" in
         wait
         echo "== $label"; cat "$OUT/host-cpu-$label.txt"
       done
+      end_mps
     done ;;
   spy)
     step=${STEP:-single text c=256}
@@ -85,8 +110,12 @@ case "${1:-}" in
     grep -E "^[|] stack scheduler" "$dest/bench7.log" || tail -5 "$dest/bench7.log"
     cat "$dest/host-cpu.txt"
     ;;
-  final)  # graph_ab.sh's, on this repository
-    REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" exec bash "$(dirname "$0")/graph_ab.sh" "$@" ;;
+  final)  # graph_ab.sh's, on this repository (MPS=1: Triton as an MPS daemon's client; the peers are not)
+    vars=(); [ "${MPS:-0}" = 1 ] && vars=(MPS=1)
+    with_mps vars
+    env ${vars[@]+"${vars[@]}"} REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" \
+      bash "$(dirname "$0")/graph_ab.sh" "$@"
+    end_mps ;;
   *)
     echo "usage: gateway_ab.sh build|check|ab N|cpu|spy|final N" >&2; exit 2 ;;
 esac

@@ -1,0 +1,21 @@
+"""host_cpu's process groups: each process of a benchmark on the GPU host is counted where it belongs."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.experiments.host_cpu import group_of
+
+
+@pytest.mark.parametrize(("cmdline", "group"), [
+    # the load generator named after what it measures (gateway_ab.sh spy) stays the load generator
+    ("python3 -m loadtest bench7 --name gateway-spy --parts scheduler --steps single text c=256", "load generator"),
+    ("python3 -m loadtest.experiments.host_cpu --seconds 60 --out /tmp/gateway-spy/host-cpu.json", "load generator"),
+    ("/usr/bin/python3 -m gateway", "gateway"),
+    ("/tmp/ts/pytriton/tritonserver/bin/tritonserver --model-repository /tmp/i20g/loadtest/repository", "tritonserver"),
+    ("/tmp/ts/pytriton/tritonserver/backends/python/triton_python_backend_stub /tmp/tritonserver/models/bench_onnx "
+     "/bench_onnx_0_0 loadtest", "stubs"),
+    ("python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)", "other"),
+])
+def test_each_process_is_counted_in_its_own_group(cmdline: str, group: str) -> None:
+    assert group_of(cmdline) == group
