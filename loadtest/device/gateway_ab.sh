@@ -29,21 +29,23 @@ NAME=${NAME:-h100-20f}
 STEPS=${STEPS:-"single text c=256,32 texts c=16,short text c=1"}
 mkdir -p "$W" "$OUT"
 
-# A run whose variables include MPS=1 runs with an MPS daemon (profiling.sh), Triton and its stubs as its clients:
-# with_mps ARRAY swaps MPS=1 in the named array of VAR=VALUE for the client variables and starts the daemon.
+# A run whose variables include MPS=1 starts bench7 through the shipped launcher (docker/triton/mps.py, as compose
+# starts tritonserver) with TRITON_MPS=on: Triton and its stubs are the daemon's clients; bench7's peers and the step
+# alone are not (they drop its variables). with_mps ARRAY takes MPS=1 out of the named array of VAR=VALUE and sets
+# `launch`, the command prefix.
 MPS_DIR=$W/mps
+LAUNCHER=$PWD/docker/triton/mps.py
 mps_on=0
+launch=()
 with_mps() {
   local -n vars=$1
   local kept=() v
   mps_on=0
+  launch=()
   for v in ${vars[@]+"${vars[@]}"}; do
     if [ "$v" = MPS=1 ]; then mps_on=1; else kept+=("$v"); fi
   done
-  if [ "$mps_on" = 1 ]; then
-    mps_start "$MPS_DIR"
-    mapfile -t -O ${#kept[@]} kept < <(mps_env "$MPS_DIR")
-  fi
+  [ "$mps_on" = 1 ] && launch=(env TRITON_MPS=on TRITON_MPS_DIR="$MPS_DIR" python3 "$LAUNCHER")
   vars=(${kept[@]+"${kept[@]}"})
 }
 end_mps() { if [ "$mps_on" = 1 ]; then mps_stop "$MPS_DIR"; fi; mps_on=0; }
@@ -67,7 +69,7 @@ case "${1:-}" in
       [ "$run" = pool ] && env=(GATEWAY_TOKENIZER_THREADS=$(nproc))
       [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
       with_mps env
-      (cd "$tree" && env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
+      (cd "$tree" && env ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
          --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
       end_mps
@@ -84,7 +86,7 @@ case "${1:-}" in
       for step in "${steps[@]}"; do
         label=$run-$(echo "$step" | tr ' =' '--')
         python3 -m loadtest.experiments.host_cpu --seconds 60 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
-        (cd "$tree" && env ${env[@]+"${env[@]}"} python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
+        (cd "$tree" && env ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
            --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true)
         wait
         echo "== $label"; cat "$OUT/host-cpu-$label.txt"
@@ -113,7 +115,7 @@ case "${1:-}" in
   final)  # graph_ab.sh's, on this repository (MPS=1: Triton as an MPS daemon's client; the peers are not)
     vars=(); [ "${MPS:-0}" = 1 ] && vars=(MPS=1)
     with_mps vars
-    env ${vars[@]+"${vars[@]}"} REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" \
+    env REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" ${launch[@]+"${launch[@]}"} \
       bash "$(dirname "$0")/graph_ab.sh" "$@"
     end_mps ;;
   *)

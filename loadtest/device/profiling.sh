@@ -30,21 +30,14 @@ wait_for_gateway() {
   echo "$parent"
 }
 
-# CUDA MPS (the Multi-Process Service) for one run: the python backend's step instances are one process each, so
-# without it their kernels take turns on the GPU by time slices, one CUDA context at a time; with it they share one
-# context on the GPU and run side by side. The daemon is a user process (the GPU's compute mode stays as it is);
-# only processes given its pipe directory become its clients, the rest use the GPU as before.
-#   mps_start DIR   starts a control daemon whose pipe and log directories are under DIR
-#   mps_env DIR     prints the variables a client needs (VAR=VALUE, one per line)
-#   mps_stop DIR    prints what the daemon logged about its clients, then stops it
+# CUDA MPS (the Multi-Process Service) around a run whose Triton the shipped launcher (docker/triton/mps.py,
+# TRITON_MPS_DIR=DIR) made a client of a daemon under DIR:
+#   mps_env DIR     prints the variables a client of that daemon has (VAR=VALUE, one per line)
+#   mps_stop DIR    prints what the daemon says about its servers and clients, then stops it
 mps_env() { printf 'CUDA_MPS_PIPE_DIRECTORY=%s\nCUDA_MPS_LOG_DIRECTORY=%s\n' "$1/pipe" "$1/log"; }
-mps_start() {
-  mkdir -p "$1/pipe" "$1/log"
-  command -v nvidia-cuda-mps-control >/dev/null || { echo "no nvidia-cuda-mps-control on this host" >&2; return 1; }
-  env $(mps_env "$1") nvidia-cuda-mps-control -d
-}
 mps_stop() {
   echo get_server_list | env $(mps_env "$1") nvidia-cuda-mps-control 2>&1 | sed 's/^/mps servers: /' || true
-  grep -c -i 'new client' "$1/log/control.log" 2>/dev/null | sed 's/^/mps clients connected: /' || true
+  grep -c -i 'new client' "$1/log/control.log" 2>/dev/null | sed 's/^/mps clients connected (this daemon): /' || true
   echo quit | env $(mps_env "$1") nvidia-cuda-mps-control || true
+  rm -f "$1/log/control.log"
 }

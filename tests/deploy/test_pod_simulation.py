@@ -17,7 +17,8 @@ What is mapped to this machine, explicitly and nothing else:
   --metrics-port, the gateway's GATEWAY_PORT and GATEWAY_TRITON_URL follow), listening on
   127.0.0.1 instead of 0.0.0.0;
 - executables: `tritonserver` is the PyPI wheel's binary (the local CPU image's Triton,
-  docker/triton/Dockerfile.pytriton) with its --backend-directory, and `python` this
+  docker/triton/Dockerfile.pytriton) with its --backend-directory, `triton-mps` the checkout's
+  docker/triton/mps.py run by this interpreter, and `python` this
   interpreter with the checkout on PYTHONPATH (the gateway image's /app);
 - the python backend's region prefix (--backend-config=python,shm-region-prefix-name=...) is
   made unique, since this machine's /dev/shm is shared with other tests, unlike the pod's.
@@ -167,9 +168,11 @@ def test_rendered_pod_serves_embed_over_shared_memory(python_repository: Path, t
         assert done.returncode == 0, done.stdout + done.stderr
 
     triton_argv, triton_env = pod.process("triton", server_environment(home))
-    assert triton_argv[0] == "tritonserver" and f"--model-repository={pod.volumes['model-repository']}/models" in triton_argv
+    assert triton_argv[:2] == ["triton-mps", "tritonserver"], triton_argv  # the launcher (no GPU here: no MPS) execs it
+    assert f"--model-repository={pod.volumes['model-repository']}/models" in triton_argv
     assert not [a for a in triton_argv if a.startswith(("--http-port", "--grpc-port", "--metrics-port"))]  # the defaults
-    triton_argv = [str(home / "bin" / "tritonserver"), *triton_argv[1:],
+    triton_argv = [sys.executable, str(REPO_ROOT / "docker" / "triton" / "mps.py"), str(home / "bin" / "tritonserver"),
+                   *triton_argv[2:],
                    f"--backend-directory={home / 'backends'}",
                    f"--http-port={pod.ports[8000]}", f"--grpc-port={pod.ports[8001]}", f"--metrics-port={pod.ports[8002]}",
                    f"--backend-config=python,shm-region-prefix-name={python_prefix}"]

@@ -171,7 +171,11 @@ def test_triton_runs_composes_command_in_explicit_mode(name: str) -> None:
     assert "command" not in triton, "args only: the image's entrypoint stays, as with compose's `command:`"
     args = [expand(a, env) for a in triton["args"]]
     command = compose_service("triton")["command"]
-    # compose runs triton-gpu-check first (sh -c '... && exec tritonserver "$@"' tritonserver ARGS); a pod has one GPU
+    # compose runs triton-gpu-check first (sh -c '... && exec triton-mps tritonserver "$@"' tritonserver ARGS); a pod
+    # has one GPU. Both start tritonserver through triton-mps, with TRITON_MPS auto by default.
+    assert command[2].endswith('exec triton-mps tritonserver "$$@"') and args[0] == "triton-mps"
+    assert env["TRITON_MPS"] == compose_default(compose_service("triton")["environment"]["TRITON_MPS"]) == "auto"
+    args = args[1:]
     compose = [compose_default(a) for a in command[command.index("tritonserver"):]]
 
     def control(argv: list[str]) -> list[str]:
