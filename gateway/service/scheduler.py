@@ -16,7 +16,8 @@ the queue (no timer: batches fill up while earlier ones run). How depends on the
   queue), forming a batch costs O(its rows), however many rows are queued, and the oldest row
   always goes in the next batch.
 
-When a batch returns, its output rows are scattered back to their callers, in order.
+When a batch returns, the next one leaves first (its slot is free), then its output rows are scattered back to
+their callers, in order: woken callers write their answers, and a whole batch of them would keep the step idle.
 
 Admission (service/admission.py): the scheduler's `backlog` counts the queued and running tokens and
 learns what a call of the step costs (per call + per token); the caller checks it before
@@ -70,12 +71,13 @@ class BatchPolicy:
 
 
 class _Batch:
-    __slots__ = ("live", "served", "task")
+    __slots__ = ("live", "served", "released", "task")
 
     def __init__(self, live: int) -> None:
         self.task: asyncio.Task[None] | None = None
         self.live = live  # callers of this batch still waiting
         self.served = False  # its tokens left the backlog as served
+        self.released = False  # its in-flight slot is free again
 
 
 _QUEUED, _BATCHED, _DROPPED = 0, 1, 2
@@ -164,6 +166,16 @@ class _Caller:
                 batch.task.cancel()  # nobody waits for it: stop the Triton call
 
 
+def _deliver(batch: list[_Row], results: list[np.ndarray]) -> None:
+    """Each row's output to its caller; a caller whose rows are all in is woken with them (unless it gave up)."""
+    for row, output in zip(batch, results):
+        caller = row.caller
+        caller.outputs[row.index] = output
+        caller.remaining -= 1
+        if caller.remaining == 0 and not caller.future.done():
+            caller.future.set_result(caller.outputs)
+
+
 class BatchScheduler:
     """The queue and batch former of one model step in one gateway worker."""
 
@@ -219,11 +231,14 @@ class BatchScheduler:
         self._metrics.queued(-len(rows))
         self.backlog.done(sum(row.length for row in rows), len(rows))
 
-    def _dispatch(self) -> None:
+    def _dispatch(self) -> bool:
+        """Send batches while the in-flight limit allows and rows are queued; whether any left."""
+        sent = False
         while self._in_flight < self.policy.max_in_flight and self._queued:
             members, rows = self._next_batch()
             if not members:
-                return
+                return sent
+            sent = True
             self._in_flight += 1
             tokens = sum(row.length for row in members)
             callers = {id(row.caller): row.caller for row in members}.values()
@@ -235,6 +250,7 @@ class BatchScheduler:
             self._tasks.add(task)
             # bookkeeping in a callback, not a `finally`: a task cancelled before it started runs no code
             task.add_done_callback(lambda done, m=members, t=tokens, b=batch: self._batch_done(done, m, t, b))
+        return sent
 
     def _next_batch(self) -> tuple[list[_Row], int]:
         """Take the next batch out of the queue, and the row count it runs with (padded: a declared one,
@@ -373,12 +389,14 @@ class BatchScheduler:
             self.backlog.observe_latency(time.perf_counter() - start)
             self.backlog.served(tokens, len(batch), mark)
             handle.served = True
-            for row, output in zip(batch, self._rows_of(outputs, batch, tensors)):
-                caller = row.caller
-                caller.outputs[row.index] = output
-                caller.remaining -= 1
-                if caller.remaining == 0 and not caller.future.done():
-                    caller.future.set_result(caller.outputs)
+            results = self._rows_of(outputs, batch, tensors)
+            # The next batch goes to Triton before this one's callers wake: woken now, each would write its answer
+            # first (a whole batch of them, a few ms of the event loop under load) while the step waits for work.
+            # So when a next batch left, the callers wake in the next turn of the loop, after its call has started.
+            if self._release(handle):
+                asyncio.get_running_loop().call_soon(_deliver, batch, results)
+            else:
+                _deliver(batch, results)
         except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about any failure
             if not isinstance(exc, GatewayError):
                 log.exception("batch of %s failed", self.name)
@@ -400,14 +418,21 @@ class BatchScheduler:
             return [outputs[cu[k]:cu[k + 1]] for k in range(len(batch))]
         return [outputs[k, : row.length] for k, row in enumerate(batch)]
 
+    def _release(self, handle: _Batch) -> bool:
+        """Free the in-flight slot of a batch whose call has ended, and send the next batch; whether one left."""
+        if handle.released:
+            return False
+        handle.released = True
+        self._in_flight -= 1
+        return self._dispatch()
+
     def _batch_done(self, task: asyncio.Task[None], batch: list[_Row], tokens: int, handle: _Batch) -> None:
         self._tasks.discard(task)
-        self._in_flight -= 1
         if not handle.served:  # failed or cancelled
             self.backlog.done(tokens, len(batch))
         for caller in {id(row.caller): row.caller for row in batch}.values():
             caller.batches.remove(handle)
-        self._dispatch()
+        self._release(handle)
 
     async def close(self) -> None:
         """Fail what is queued and wait for running batches."""

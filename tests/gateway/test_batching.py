@@ -157,6 +157,26 @@ async def test_rows_come_back_to_their_callers_in_order() -> None:
 
 
 @pytest.mark.anyio
+async def test_the_next_batch_is_sent_before_the_callers_of_the_last_one_wake() -> None:
+    """A woken caller writes its answer at once; a batch's worth of them would keep the step waiting. So when a
+    batch returns, the queued rows go out first, and its callers wake after that call has started."""
+    step, scheduler = held_scheduler()
+    calls_seen_by: dict[str, int] = {}
+
+    async def caller(name: str, lengths: tuple[int, ...]) -> None:
+        await scheduler.submit(encoded(*lengths), later())
+        calls_seen_by[name] = len(step.batches)
+
+    first = asyncio.create_task(caller("first", (5, 6)))
+    await until(lambda: len(step.batches) == 1, "the first batch in flight")
+    second = asyncio.create_task(caller("second", (7,)))
+    await until(lambda: scheduler.queued == 1, "the next row queued")
+    step.gate.set()
+    await asyncio.gather(first, second)
+    assert calls_seen_by == {"first": 2, "second": 2}
+
+
+@pytest.mark.anyio
 async def test_abandoned_rows_are_dropped_and_failures_reach_every_caller_of_the_batch() -> None:
     step, scheduler = held_scheduler()
     running = asyncio.create_task(scheduler.submit(encoded(4), later()))
