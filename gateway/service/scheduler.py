@@ -375,6 +375,7 @@ class BatchScheduler:
     async def _run(self, batch: list[_Row], rows: int, tokens: int, handle: _Batch) -> None:
         start = time.perf_counter()
         mark = self.backlog.call_started()
+        results: list[np.ndarray] | None = None
         try:
             if self.policy.layout == "packed":
                 tensors = self._packed(batch)
@@ -390,13 +391,6 @@ class BatchScheduler:
             self.backlog.served(tokens, len(batch), mark)
             handle.served = True
             results = self._rows_of(outputs, batch, tensors)
-            # The next batch goes to Triton before this one's callers wake: woken now, each would write its answer
-            # first (a whole batch of them, a few ms of the event loop under load) while the step waits for work.
-            # So when a next batch left, the callers wake in the next turn of the loop, after its call has started.
-            if self._release(handle):
-                asyncio.get_running_loop().call_soon(_deliver, batch, results)
-            else:
-                _deliver(batch, results)
         except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about any failure
             if not isinstance(exc, GatewayError):
                 log.exception("batch of %s failed", self.name)
@@ -407,6 +401,18 @@ class BatchScheduler:
         finally:
             if not handle.served:
                 self.backlog.call_ended(mark)
+        if results is not None:
+            # The next batch goes to Triton before this one's callers wake: woken now, each would write its answer
+            # first (a whole batch of them, a few ms of the event loop under load) while the step waits for work.
+            # So when a next batch left, the callers wake in the next turn of the loop, after its call has started.
+            sent = False
+            try:
+                sent = self._release(handle)
+            finally:
+                if sent:
+                    asyncio.get_running_loop().call_soon(_deliver, batch, results)
+                else:
+                    _deliver(batch, results)
 
     def _rows_of(self, outputs: np.ndarray, batch: list[_Row], tensors: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Each row's output: its row of a pooled output; its own tokens of a per-token one ([rows, width, ...]
