@@ -4,7 +4,8 @@
 # with the working tree), e.g. `git worktree add --detach before-tree REV` here, then copied as plain files.
 #
 #   bash loadtest/device/gateway_ab.sh build    # bench7's model and a repository by this builder
-#   bash loadtest/device/gateway_ab.sh check    # stack-check on that repository (the hops of a lone text)
+#   bash loadtest/device/gateway_ab.sh check    # stack-check on that repository (the hops of a lone text; MPS=1:
+#                                               # Triton as a CUDA MPS daemon's client)
 #   bash loadtest/device/gateway_ab.sh ab N     # bench7's scheduler part with each gateway in turn (round N: the
 #                                               # order of RUNS, reversed on even rounds)
 #   bash loadtest/device/gateway_ab.sh cpu      # cores per process group, per kind of gateway thread, and GPU
@@ -38,17 +39,19 @@ LAUNCHER=$PWD/docker/triton/mps.py
 mps_on=0
 launch=()
 with_mps() {
-  local -n vars=$1
+  local -n mps_vars_=$1  # a name no caller uses: a nameref named like its target is circular
   local kept=() v
   mps_on=0
   launch=()
-  for v in ${vars[@]+"${vars[@]}"}; do
+  for v in ${mps_vars_[@]+"${mps_vars_[@]}"}; do
     if [ "$v" = MPS=1 ]; then mps_on=1; else kept+=("$v"); fi
   done
   [ "$mps_on" = 1 ] && launch=(env TRITON_MPS=on TRITON_MPS_DIR="$MPS_DIR" python3 "$LAUNCHER")
-  vars=(${kept[@]+"${kept[@]}"})
+  mps_vars_=(${kept[@]+"${kept[@]}"})
 }
 end_mps() { if [ "$mps_on" = 1 ]; then mps_stop "$MPS_DIR"; fi; mps_on=0; }
+# check and final: MPS=1 in the environment asks for the same
+mps_from_env() { local vars=(); [ "${MPS:-0}" = 1 ] && vars=(MPS=1); with_mps vars; }
 
 case "${1:-}" in
   build)
@@ -56,10 +59,11 @@ case "${1:-}" in
     python3 -m builder build --model "$W/model" --task embed --name bench --repository "$W/repository" \
       --runtime python --formats onnx --device gpu 2>&1 | tail -3
     ;;
-  check)
-    python3 -m loadtest stack-check --repository "$W/repository" --model "$W/model" --served bench \
-      --name "$NAME" --out "$OUT/results"
-    ;;
+  check)  # MPS=1: Triton as an MPS daemon's client, as compose runs it on a GPU host (answers and hops under MPS)
+    mps_from_env
+    ${launch[@]+"${launch[@]}"} python3 -m loadtest stack-check --repository "$W/repository" --model "$W/model" \
+      --served bench --name "$NAME" --out "$OUT/results"
+    end_mps ;;
   ab)
     order=${RUNS:-old new pool}
     [ $(( ${2:-1} % 2 )) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -113,8 +117,7 @@ case "${1:-}" in
     cat "$dest/host-cpu.txt"
     ;;
   final)  # graph_ab.sh's, on this repository (MPS=1: Triton as an MPS daemon's client; the peers are not)
-    vars=(); [ "${MPS:-0}" = 1 ] && vars=(MPS=1)
-    with_mps vars
+    mps_from_env
     env REPO="$W/repository" GRAPH_AB_WORK="$W" NAME="$NAME" OUT="$OUT" ${launch[@]+"${launch[@]}"} \
       bash "$(dirname "$0")/graph_ab.sh" "$@"
     end_mps ;;
