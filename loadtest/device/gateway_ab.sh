@@ -18,7 +18,8 @@
 # RUNS (default "old new pool"): old = BEFORE's gateway, new = this one, pool = this one with
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
 # setting), NAME:VAR=VALUE[,VAR=VALUE] = this one with those variables (e.g. uv:GATEWAY_LOOP=uvloop; MPS=1 runs
-# Triton's step instances as clients of a CUDA MPS daemon: mps:MPS=1).
+# Triton's step instances as clients of a CUDA MPS daemon: mps:MPS=1; PROCS=N in `ab`: bench7's load generator in N
+# client processes instead of 5, for the same stack).
 # Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
@@ -49,6 +50,17 @@ with_mps() {
   [ "$mps_on" = 1 ] && launch=(env TRITON_MPS=on TRITON_MPS_DIR="$MPS_DIR" python3 "$LAUNCHER")
   mps_vars_=(${kept[@]+"${kept[@]}"})
 }
+# PROCS=N in a run spec is bench7's --procs N (client processes, default 5), not a variable of the stack
+procs=()
+with_procs() {
+  local -n procs_vars_=$1
+  local kept=() v
+  procs=()
+  for v in ${procs_vars_[@]+"${procs_vars_[@]}"}; do
+    case "$v" in PROCS=*) procs=(--procs "${v#PROCS=}") ;; *) kept+=("$v") ;; esac
+  done
+  procs_vars_=(${kept[@]+"${kept[@]}"})
+}
 end_mps() { if [ "$mps_on" = 1 ]; then mps_stop "$MPS_DIR"; fi; mps_on=0; }
 # check and final: MPS=1 in the environment asks for the same
 mps_from_env() { local vars=(); [ "${MPS:-0}" = 1 ] && vars=(MPS=1); with_mps vars; }
@@ -73,8 +85,9 @@ case "${1:-}" in
       [ "$run" = pool ] && env=(GATEWAY_TOKENIZER_THREADS=$(nproc))
       [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
       with_mps env
+      with_procs env
       (cd "$tree" && env ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
-         --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" 2>&1 \
+         --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" ${procs[@]+"${procs[@]}"} 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
       end_mps
     done

@@ -88,8 +88,8 @@ def host_busy() -> tuple[int, int]:
 
 def sample(interval: float) -> dict[str, float]:
     """Cores per group and host-wide over one interval, and the GPU's mean utilization (%) meanwhile."""
-    gpu = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms",
-                            "100"], stdout=subprocess.PIPE, text=True) if _has_nvidia_smi() else None
+    gpu = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
+                            "-lms", "100"], stdout=subprocess.PIPE, text=True) if _has_nvidia_smi() else None
     before, busy0 = cpu_ticks(), host_busy()
     gateway = [pid for pid, (group, _) in before.items() if group == "gateway"]
     threads_before = gateway_thread_ticks(gateway)
@@ -109,9 +109,23 @@ def sample(interval: float) -> dict[str, float]:
     cores["host (all CPUs)"] = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * (os.cpu_count() or 1)
     if gpu is not None:
         gpu.terminate()
-        readings = [float(x) for x in (gpu.communicate()[0] or "").split() if x.replace(".", "").isdigit()]
-        cores["gpu utilization %"] = statistics.fmean(readings) if readings else -1.0
+        cores.update(gpu_utilization(gpu.communicate()[0] or ""))
     return {k: round(v, 2) for k, v in cores.items()}
+
+
+def gpu_utilization(readings: str) -> dict[str, float]:
+    """Mean utilization (%) of each GPU ("gpu N utilization %", where there are several) and of all of them
+    ("gpu utilization %"), from nvidia-smi's `index, utilization` lines; -1 with no reading."""
+    per_gpu: dict[str, list[float]] = {}
+    for line in readings.splitlines():
+        index, _, value = line.partition(",")
+        if index.strip().isdigit() and value.strip().replace(".", "", 1).isdigit():
+            per_gpu.setdefault(index.strip(), []).append(float(value))
+    every = [v for values in per_gpu.values() for v in values]
+    out = {"gpu utilization %": statistics.fmean(every) if every else -1.0}
+    if len(per_gpu) > 1:
+        out.update({f"gpu {index} utilization %": statistics.fmean(values) for index, values in per_gpu.items()})
+    return out
 
 
 def _has_nvidia_smi() -> bool:

@@ -19,3 +19,12 @@ from loadtest.experiments.host_cpu import group_of
 ])
 def test_each_process_is_counted_in_its_own_group(cmdline: str, group: str) -> None:
     assert group_of(cmdline) == group
+
+
+def test_gpu_utilization_is_given_per_gpu_where_there_are_several() -> None:
+    from loadtest.experiments.host_cpu import gpu_utilization
+
+    assert gpu_utilization("0, 90\n0, 70\n") == {"gpu utilization %": 80.0}
+    assert gpu_utilization("0, 90\n1, 10\n0, 70\n1, 30\n[N/A]\n") == {
+        "gpu utilization %": 50.0, "gpu 0 utilization %": 80.0, "gpu 1 utilization %": 20.0}
+    assert gpu_utilization("") == {"gpu utilization %": -1.0}
