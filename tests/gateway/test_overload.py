@@ -84,15 +84,16 @@ def judge(report: StormReport, min_ratio: float) -> None:
 
 
 # Generous floors for a loaded 2-core CI machine; loadtest/results/ holds what the harness measures.
-# The default run storms with clients that retry at once (the harder case); the honouring storm runs with the
-# slow suite, beside the 20 s storms of both pipelines (it costs ~14 s of the 5-minute default run). 6 s of storm here
-# (8 until 2026-11-24): the 20 s storms are the long check.
-@pytest.mark.parametrize(("retry", "min_ratio"),
-                         [pytest.param("honour", 0.8, marks=pytest.mark.slow), ("ignore", 0.6)])
+# Both 8 s storms run with the slow suite (`scripts/test -m slow`), beside the 20 s storms of both pipelines: the
+# default run reached its 5-minute budget (a fresh clone took 301-316 s on 2026-11-24), and these cost ~14 s each. The
+# default run keeps overload's quick checks (below): an idle stack admits, a burst is served, a client that waits
+# what Retry-After says is served, and a shedding model refuses before validation (test_admission.py).
+@pytest.mark.slow
+@pytest.mark.parametrize(("retry", "min_ratio"), [("honour", 0.8), ("ignore", 0.6)])
 def test_overload_storm_keeps_goodput_and_recovers_at_once(
     storm_triton: TritonServer, storm_repository: Path, tmp_path: Path, retry: Retry, min_ratio: float
 ) -> None:
-    judge(storm(storm_triton, storm_repository, tmp_path, seconds=6, retry=retry), min_ratio)
+    judge(storm(storm_triton, storm_repository, tmp_path, seconds=8, retry=retry), min_ratio)
 
 
 @pytest.mark.slow
