@@ -498,7 +498,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     inputs = parity_inputs(tokenizer, s.max_seq_len, pairs=s.pairs)
     warmup_ids = configs.warmup_token_ids(tokenizer, s.max_seq_len)
     with _step(log, f"{s.name}: computing PyTorch reference outputs"):
-        references = torch_references(model, inputs)
+        references = torch_references(model, inputs, attn_implementation="sdpa")
     reference = references[0]
     width = int(reference.shape[1])
     # per-token outputs: [batch, seq] + these dims ([] for one weight per token)

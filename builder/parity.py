@@ -75,10 +75,22 @@ def packed_parity_inputs(inputs: dict[str, np.ndarray]) -> PackedRows:
     return pack_padded(inputs[INPUT_IDS], inputs[ATTENTION_MASK], inputs[TOKEN_TYPE_IDS])
 
 
-def torch_references(model: RepositoryModel, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """PyTorch fp32 outputs for `inputs`, one array per model output (settings.output_names order)."""
-    with torch.inference_mode():
-        out = model(*(torch.from_numpy(inputs[name]) for name in TOKEN_INPUTS))
+def torch_references(model: RepositoryModel, inputs: dict[str, np.ndarray],
+                     attn_implementation: str | None = None) -> list[np.ndarray]:
+    """PyTorch fp32 outputs for `inputs`, one array per model output (settings.output_names order).
+
+    `attn_implementation` runs them with that attention (e.g. "sdpa") and puts the model's own back after.
+    """
+    encoder = model.model
+    before = encoder.config._attn_implementation
+    if attn_implementation and attn_implementation != before:
+        encoder.set_attn_implementation(attn_implementation)
+    try:
+        with torch.inference_mode():
+            out = model(*(torch.from_numpy(inputs[name]) for name in TOKEN_INPUTS))
+    finally:
+        if attn_implementation and attn_implementation != before:
+            encoder.set_attn_implementation(before)
     return [o.float().numpy() for o in (out if isinstance(out, tuple) else (out,))]
 
 

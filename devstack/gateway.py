@@ -69,7 +69,7 @@ class GatewayProcess:
                     if resp.status == 200:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                time.sleep(0.1)
+                time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"gateway not up after {self.startup_timeout_s}s; log: {self.log_path}")
 

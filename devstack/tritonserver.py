@@ -190,7 +190,7 @@ class TritonServer:
                 )
             if self.is_ready():
                 return
-            time.sleep(0.2)
+            time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s}s; log: {self.log_path}")
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -118,7 +118,7 @@ CHANNEL_ARGS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
-CLOSE_DRAIN_S = 0.2
+CLOSE_DRAIN_S = 0.2  # how long close() stays on the loop after a call that gRPC may still report on
 _RETIRE_POLL_S = (0.02, 1.0)  # first and longest wait between two unregister attempts of a retired region
 
 
@@ -181,6 +181,39 @@ def _contract_mismatch(model: str, detail: str) -> GatewayError:
     return GatewayError(ErrorType.CONTRACT_MISMATCH, f"{model} answered outside the repository contract: {detail}")
 
 
+class _CallLedger:
+    """The aio client's calls, counted: those in flight and those that ended in an exception (cancelled, past
+    their deadline, failed). gRPC reports the end of such a call later, through its poller thread; close() waits
+    for those reports only when there can be any."""
+
+    def __init__(self, grpc: grpcaio.InferenceServerClient) -> None:
+        self._grpc = grpc
+        self.in_flight = 0
+        self.unclean = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._grpc, name)
+        if name == "close" or not asyncio.iscoroutinefunction(method):
+            return method
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.in_flight += 1
+            try:
+                return await method(*args, **kwargs)
+            except BaseException:
+                self.unclean += 1
+                raise
+            finally:
+                self.in_flight -= 1
+
+        setattr(self, name, counted)  # built once per method
+        return counted
+
+    @property
+    def may_report_late(self) -> bool:
+        return self.in_flight > 0 or self.unclean > 0
+
+
 class TritonClient:
     """The gateway's connection to Triton."""
 
@@ -189,7 +222,8 @@ class TritonClient:
             log.info("CUDA shared memory on %s", probe_cuda(settings.shm_cuda_device))
         self.settings = settings
         self.timeout = settings.triton_timeout_s
-        self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
+        self._calls = _CallLedger(grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS))
+        self.grpc = cast(grpcaio.InferenceServerClient, self._calls)
         self.pools: dict[str, ShmPool] = {}
         self.epoch = 0  # registrations made by this worker; +1 each time they are made again
         self._register_lock = asyncio.Lock()
@@ -467,12 +501,15 @@ class TritonClient:
             await self._unregister_and_destroy(pool, list(pool.regions))
         self.pools.clear()
         self._closed_pools.clear()
+        late = self._calls.may_report_late
         await self.grpc.close()
         # gRPC's core reports the end of a cancelled call (a timed-out infer, the channel's own cancels
-        # above) later, through its poller thread, to the loop the call was made on. Stay on the loop
-        # for a moment so those reports land here and not on a closed loop, where they surface as
-        # "Event loop is closed" errors in whatever loop runs next in this process.
-        await asyncio.sleep(CLOSE_DRAIN_S)
+        # of calls in flight) later, through its poller thread, to the loop the call was made on. Stay on
+        # the loop for a moment so those reports land here and not on a closed loop, where they surface as
+        # "Event loop is closed" errors in whatever loop runs next in this process. Calls that all ended
+        # well leave nothing to report.
+        if late:
+            await asyncio.sleep(CLOSE_DRAIN_S)
 
 
 def _output(result: grpcclient.InferResult, model: str, want: Wanted, region: Region | None) -> np.ndarray:

@@ -157,7 +157,7 @@ def test_merged_requests_get_the_outputs_each_asked_for(tiny_embedder_dir: Path,
         assert result.as_numpy("embeddings" if name == "token_embeddings" else "token_embeddings") is None
         return result.as_numpy(name)
 
-    with TritonServer(repository, log_path=tmp_path / "triton.log") as server:
+    with serving(TritonServer(repository, log_path=tmp_path / "triton.log")) as server:
         before = _step_counts(server.grpc_url)[1]
         with ThreadPoolExecutor(len(requests)) as pool:
             got = list(pool.map(lambda r: infer(server.grpc_url, *r), requests))

@@ -25,7 +25,8 @@ from tritonclient.utils import InferenceServerException
 from devstack.fake_repository import write_fake_repository
 from devstack.tritonserver import TritonServer, free_port
 from gateway.errors import ErrorKind, ErrorType
-from gateway.triton.client import _in_use, _repository_error, _shm_missing, _status, translate_error
+from gateway.settings import GatewaySettings
+from gateway.triton.client import TritonClient, _in_use, _repository_error, _shm_missing, _status, translate_error
 from tests.fixtures.triton import serving
 from tests.fixtures.waiting import until
 
@@ -166,3 +167,38 @@ async def test_a_passed_deadline_is_a_timeout_and_a_refused_load_keeps_its_reaso
     exc = await failure(grpc.load_model("nosuchmodel"))  # not a model that is gone: the admin call says why
     error = _repository_error(exc, "nosuchmodel", "load")
     assert error.type is ErrorType.LOAD_FAILED and "failed to load 'nosuchmodel'" in error.message, error.message
+
+
+async def test_close_waits_for_grpcs_late_reports_only_after_a_call_that_did_not_end_well(
+    server: TritonServer, tmp_path: Path
+) -> None:
+    """gRPC reports the end of a cancelled or timed-out call later, on the loop that made it: the client stays on
+    its loop at close() after such a call (or with one in flight), and closes at once after clean calls."""
+    clean = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
+    assert await clean.server_live() and await clean.model_ready("fakeemb_onnx")
+    assert await clean.grpc.infer("fakeemb_onnx", texts("a b"))
+    assert not clean._calls.may_report_late
+    await clean.close()
+
+    timed_out = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
+    gate = tmp_path / "gate"
+    try:
+        await failure(timed_out.grpc.infer("fakeemb_onnx", texts(f"hold:{gate} a"), client_timeout=0.2))
+    finally:
+        gate.touch()
+    assert timed_out._calls.may_report_late and timed_out._calls.in_flight == 0
+    await timed_out.close()
+
+    cancelled = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
+    gate = tmp_path / "gate2"
+    call = asyncio.ensure_future(cancelled.grpc.infer("fakeemb_onnx", texts(f"hold:{gate} a")))
+    try:
+        await until(lambda: cancelled._calls.in_flight == 1, "the call in flight")
+        assert cancelled._calls.may_report_late  # closing now would cancel it
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    finally:
+        gate.touch()
+    assert cancelled._calls.unclean == 1 and cancelled._calls.in_flight == 0
+    await cancelled.close()
