@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -182,32 +182,24 @@ def _contract_mismatch(model: str, detail: str) -> GatewayError:
 
 
 class _CallLedger:
-    """The aio client's calls, counted: those in flight and those that ended in an exception (cancelled, past
-    their deadline, failed). gRPC reports the end of such a call later, through its poller thread; close() waits
-    for those reports only when there can be any."""
+    """The client's calls to Triton, counted: those in flight and those that ended in an exception (cancelled,
+    past their deadline, failed). gRPC reports the end of such a call later, through its poller thread; close()
+    waits for those reports only when there can be any."""
 
-    def __init__(self, grpc: grpcaio.InferenceServerClient) -> None:
-        self._grpc = grpc
+    def __init__(self) -> None:
         self.in_flight = 0
         self.unclean = 0
 
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._grpc, name)
-        if name == "close" or not asyncio.iscoroutinefunction(method):
-            return method
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.in_flight += 1
-            try:
-                return await method(*args, **kwargs)
-            except BaseException:
-                self.unclean += 1
-                raise
-            finally:
-                self.in_flight -= 1
-
-        setattr(self, name, counted)  # built once per method
-        return counted
+    async def track(self, call: Awaitable[T]) -> T:
+        """Await `call`, counted (every call but infer; TritonClient._infer counts its own inline)."""
+        self.in_flight += 1
+        try:
+            return await call
+        except BaseException:
+            self.unclean += 1
+            raise
+        finally:
+            self.in_flight -= 1
 
     @property
     def may_report_late(self) -> bool:
@@ -222,8 +214,8 @@ class TritonClient:
             log.info("CUDA shared memory on %s", probe_cuda(settings.shm_cuda_device))
         self.settings = settings
         self.timeout = settings.triton_timeout_s
-        self._calls = _CallLedger(grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS))
-        self.grpc = cast(grpcaio.InferenceServerClient, self._calls)
+        self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
+        self._calls = _CallLedger()  # every call but infer goes through its track(); _infer counts its own
         self.pools: dict[str, ShmPool] = {}
         self.epoch = 0  # registrations made by this worker; +1 each time they are made again
         self._register_lock = asyncio.Lock()
@@ -237,20 +229,20 @@ class TritonClient:
     # --- health and discovery -------------------------------------------------------
     async def server_live(self) -> bool:
         try:
-            return bool(await self.grpc.is_server_live(client_timeout=self.timeout))
+            return bool(await self._calls.track(self.grpc.is_server_live(client_timeout=self.timeout)))
         except InferenceServerException:
             return False
 
     async def model_ready(self, name: str) -> bool:
         try:
-            return bool(await self.grpc.is_model_ready(name, client_timeout=self.timeout))
+            return bool(await self._calls.track(self.grpc.is_model_ready(name, client_timeout=self.timeout)))
         except InferenceServerException:
             return False
 
     async def repository_index(self) -> list[IndexEntry]:
         """Every (model, version) of Triton's repository index with its state, loaded or not."""
         try:
-            index = await self.grpc.get_model_repository_index(client_timeout=self.timeout)
+            index = await self._calls.track(self.grpc.get_model_repository_index(client_timeout=self.timeout))
         except InferenceServerException as exc:
             raise translate_error(exc) from None
         return sorted({IndexEntry(m.name, m.version, m.state, m.reason) for m in index.models})
@@ -261,14 +253,14 @@ class TritonClient:
         Triton polls an ensemble's steps with it and switches the ensemble once they are ready;
         the loaded version keeps serving until the new one is ready (zero downtime)."""
         try:
-            await self.grpc.load_model(name, client_timeout=timeout_s)
+            await self._calls.track(self.grpc.load_model(name, client_timeout=timeout_s))
         except InferenceServerException as exc:
             raise _repository_error(exc, name, "load") from None
 
     async def unload_model(self, name: str, timeout_s: float) -> None:
         """Unload `name`; requests it already accepted finish first (in Triton)."""
         try:
-            await self.grpc.unload_model(name, client_timeout=timeout_s)
+            await self._calls.track(self.grpc.unload_model(name, client_timeout=timeout_s))
         except InferenceServerException as exc:
             raise _repository_error(exc, name, "unload") from None
 
@@ -277,7 +269,7 @@ class TritonClient:
 
         async def one(name: str) -> model_config_pb2.ModelConfig | None:
             try:
-                return (await self.grpc.get_model_config(name, client_timeout=self.timeout)).config
+                return (await self._calls.track(self.grpc.get_model_config(name, client_timeout=self.timeout))).config
             except InferenceServerException as exc:
                 error = translate_error(exc)
                 if error.type is ErrorType.MODEL_UNAVAILABLE:
@@ -328,10 +320,10 @@ class TritonClient:
 
     async def _register(self, region: Region) -> None:
         try:
-            await region.unregister(self.grpc, self.timeout)
+            await self._calls.track(region.unregister(self.grpc, self.timeout))
         except InferenceServerException:
             pass  # not registered: fine
-        await region.register(self.grpc, self.timeout)
+        await self._calls.track(region.register(self.grpc, self.timeout))
 
     def _close_pool(self, pool: ShmPool) -> None:
         free = pool.close()
@@ -343,7 +335,7 @@ class TritonClient:
     async def _unregister_and_destroy(self, pool: ShmPool, regions: list[Region]) -> None:
         for region in regions:
             try:
-                await region.unregister(self.grpc, 2.0)
+                await self._calls.track(region.unregister(self.grpc, 2.0))
             except InferenceServerException:
                 pass
         pool.destroy(regions)
@@ -357,7 +349,7 @@ class TritonClient:
         wait = _RETIRE_POLL_S[0]
         while True:
             try:
-                await region.unregister(self.grpc, self.timeout)
+                await self._calls.track(region.unregister(self.grpc, self.timeout))
                 break
             except InferenceServerException as exc:
                 if not _in_use(exc):  # Triton gone or restarted: nobody holds the region any more
@@ -366,7 +358,7 @@ class TritonClient:
             wait = min(wait * 2, _RETIRE_POLL_S[1])
         try:
             if not pool.closed:
-                await region.register(self.grpc, self.timeout)
+                await self._calls.track(region.register(self.grpc, self.timeout))
         except InferenceServerException:
             pass  # registered by a concurrent re-registration, or Triton is down: the next call finds out
         SHM_RETIRED.dec()
@@ -483,9 +475,17 @@ class TritonClient:
             for want, out in zip(outputs, requested):
                 out.set_shared_memory(transport.name, want.nbytes, transport.layout.offset(want.name))
         via = "grpc" if transport is None else "shm"
-        with tracing.triton_call(model, outputs[0].shape[0], via) as headers:
-            result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
-                                           timeout=timeout_us, parameters=parameters, headers=headers)
+        calls = self._calls
+        calls.in_flight += 1
+        try:
+            with tracing.triton_call(model, outputs[0].shape[0], via) as headers:
+                result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
+                                               timeout=timeout_us, parameters=parameters, headers=headers)
+        except BaseException:
+            calls.unclean += 1
+            raise
+        finally:
+            calls.in_flight -= 1
         TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
         return [_output(result, model, want, transport) for want in outputs]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 
@@ -22,11 +23,19 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from devstack.fake_repository import write_fake_repository
+from devstack.fake_repository import EMBED_DIM, write_fake_repository
 from devstack.tritonserver import TritonServer, free_port
-from gateway.errors import ErrorKind, ErrorType
+from gateway.errors import ErrorKind, ErrorType, GatewayError
 from gateway.settings import GatewaySettings
-from gateway.triton.client import TritonClient, _in_use, _repository_error, _shm_missing, _status, translate_error
+from gateway.triton.client import (
+    Output,
+    TritonClient,
+    _in_use,
+    _repository_error,
+    _shm_missing,
+    _status,
+    translate_error,
+)
 from tests.fixtures.triton import serving
 from tests.fixtures.waiting import until
 
@@ -174,24 +183,31 @@ async def test_close_waits_for_grpcs_late_reports_only_after_a_call_that_did_not
 ) -> None:
     """gRPC reports the end of a cancelled or timed-out call later, on the loop that made it: the client stays on
     its loop at close() after such a call (or with one in flight), and closes at once after clean calls."""
+    def ensemble(client: TritonClient, text: str, within_s: float = 30.0) -> Awaitable[object]:
+        """One text through the fake step (it takes texts, like an ensemble)."""
+        return client.infer_ensemble("fakeemb_onnx", [text.encode()], Output("embeddings", EMBED_DIM, "e"),
+                                     deadline=time.monotonic() + within_s)
+
     clean = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
     assert await clean.server_live() and await clean.model_ready("fakeemb_onnx")
-    assert await clean.grpc.infer("fakeemb_onnx", texts("a b"))
+    await ensemble(clean, "a b")
     assert not clean._calls.may_report_late
     await clean.close()
 
     timed_out = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
     gate = tmp_path / "gate"
     try:
-        await failure(timed_out.grpc.infer("fakeemb_onnx", texts(f"hold:{gate} a"), client_timeout=0.2))
+        with pytest.raises(GatewayError) as caught:
+            await ensemble(timed_out, f"hold:{gate} a", within_s=0.2)
     finally:
         gate.touch()
+    assert caught.value.kind is ErrorKind.TIMEOUT
     assert timed_out._calls.may_report_late and timed_out._calls.in_flight == 0
     await timed_out.close()
 
     cancelled = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
     gate = tmp_path / "gate2"
-    call = asyncio.ensure_future(cancelled.grpc.infer("fakeemb_onnx", texts(f"hold:{gate} a")))
+    call = asyncio.ensure_future(ensemble(cancelled, f"hold:{gate} a"))
     try:
         await until(lambda: cancelled._calls.in_flight == 1, "the call in flight")
         assert cancelled._calls.may_report_late  # closing now would cancel it
