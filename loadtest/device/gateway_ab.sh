@@ -19,7 +19,7 @@
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
 # setting), NAME:VAR=VALUE[,VAR=VALUE] = this one with those variables (e.g. uv:GATEWAY_LOOP=uvloop; MPS=1 runs
 # Triton's step instances as clients of a CUDA MPS daemon: mps:MPS=1; PROCS=N in `ab`: bench7's load generator in N
-# client processes instead of 5, for the same stack).
+# client processes instead of 5, for the same stack; REPO=DIR in `ab`: that repository instead of the built one).
 # Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
@@ -61,6 +61,16 @@ with_procs() {
   done
   procs_vars_=(${kept[@]+"${kept[@]}"})
 }
+# REPO=DIR in a run spec is bench7's --repository for that run (a variant of the built one, e.g. a config edited)
+repo_of() {
+  local -n repo_vars_=$1
+  local kept=() v
+  repo=$W/repository
+  for v in ${repo_vars_[@]+"${repo_vars_[@]}"}; do
+    case "$v" in REPO=*) repo=${v#REPO=} ;; *) kept+=("$v") ;; esac
+  done
+  repo_vars_=(${kept[@]+"${kept[@]}"})
+}
 end_mps() { if [ "$mps_on" = 1 ]; then mps_stop "$MPS_DIR"; fi; mps_on=0; }
 # check and final: MPS=1 in the environment asks for the same
 mps_from_env() { local vars=(); [ "${MPS:-0}" = 1 ] && vars=(MPS=1); with_mps vars; }
@@ -86,8 +96,9 @@ case "${1:-}" in
       [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
       with_mps env
       with_procs env
+      repo_of env
       (cd "$tree" && env ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
-         --steps "$STEPS" --repository "$W/repository" --work "$W/bench" --out "$OUT/ab" ${procs[@]+"${procs[@]}"} 2>&1 \
+         --steps "$STEPS" --repository "$repo" --work "$W/bench" --out "$OUT/ab" ${procs[@]+"${procs[@]}"} 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
       end_mps
     done
