@@ -45,6 +45,8 @@ from builder.settings import (
     Task,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_SPARSE_MAX_BATCH_TOKENS,
+    DEFAULT_STEP_QUEUE_DELAY_US,
+    DEFAULT_TOKENIZER_QUEUE_DELAY_US,
     default_instances,
     default_preferred_batch_sizes,
 )
@@ -316,13 +318,16 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     if bool(widths) != bool(rows):
         raise BuildError(f"{request.name}: give --batch-widths and --batch-rows together")
     instances, tokenizer_instances = default_instances(request.device, request.runtime)
+    delay = request.max_queue_delay_us  # one value for every model, else each kind's default
     max_batch_tokens = request.max_batch_tokens or (
         DEFAULT_SPARSE_MAX_BATCH_TOKENS if task == "sparse-embed" else DEFAULT_MAX_BATCH_TOKENS)
     return ResolvedSettings(
         model=request.model, revision=source.revision, task=task, name=request.name, formats=formats,
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
         pooling=task_settings.pooling, labels=task_settings.labels, length_buckets=sorted(set(request.length_buckets)),
-        dynamic_batching=request.dynamic_batching, max_queue_delay_us=request.max_queue_delay_us,
+        dynamic_batching=request.dynamic_batching,
+        max_queue_delay_us=DEFAULT_TOKENIZER_QUEUE_DELAY_US if delay is None else delay,
+        step_queue_delay_us=DEFAULT_STEP_QUEUE_DELAY_US if delay is None else delay,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances or instances,
         queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,
         tokenizer_instances=request.tokenizer_instances or tokenizer_instances, onnx_threads=request.onnx_threads, opset=request.opset,

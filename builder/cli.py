@@ -47,7 +47,8 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "matryoshka_dims": {"help": "embed: comma list of dimensions requests may truncate to (default "
                         "config.matryoshka_dimensions)"},
     "length_buckets": {"help": "tokenizer padding buckets (default 16,32,64,128,256,512); one bucket = max-seq-len pads all"},
-    "max_queue_delay_us": {"type": int, "help": "dynamic batcher queue delay in microseconds (default 100)"},
+    "max_queue_delay_us": {"type": int, "help": "dynamic batcher queue delay of every model in microseconds "
+                           "(default: 100 for the tokenizer, 0 for model steps)"},
     "preferred_batch_sizes": {"help": "comma list (default powers of two up to max-batch-size)"},
     "queue_timeout_ms": {"type": int, "help": "dynamic batcher queue policy: reject a request still queued after "
                          "this long (default 0 = no policy; see builder/README.md before turning it on)"},

@@ -41,14 +41,14 @@ def model_names(name: str, formats: Sequence[Format]) -> dict[str, str]:
     return names
 
 
-def _batching(config: mc.ModelConfig, settings: ResolvedSettings) -> None:
+def _batching(config: mc.ModelConfig, settings: ResolvedSettings, delay_us: int) -> None:
     """Dynamic batcher; with --queue-timeout-ms or --max-queue-size also a queue policy: a request over its
     timeout (its own, else the default) or one arriving at a full queue is rejected instead of executed
     late. Off by default: Triton 2.51 stalls with any queue policy (docs/contract.md, queue policy)."""
     if settings.dynamic_batching:
         batching = config.dynamic_batching
         batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
-        batching.max_queue_delay_microseconds = settings.max_queue_delay_us
+        batching.max_queue_delay_microseconds = delay_us
         if settings.queue_timeout_ms or settings.max_queue_size:
             policy = batching.default_queue_policy
             policy.timeout_action = mc.ModelQueuePolicy.REJECT
@@ -85,7 +85,7 @@ def tokenizer_config(settings: ResolvedSettings, pad_token_id: int, tokenizer_sh
         config.output.add(name=name, data_type=mc.TYPE_INT32, dims=[-1])
     config.output.add(name=NUM_TOKENS, data_type=mc.TYPE_INT32, dims=[1])
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=settings.tokenizer_instances)
-    _batching(config, settings)
+    _batching(config, settings, settings.max_queue_delay_us)
     _set_parameters(config, {
         Param.MAX_SEQ_LEN: str(settings.max_seq_len),
         Param.LENGTH_BUCKETS: ",".join(str(b) for b in effective_buckets(settings.length_buckets, settings.max_seq_len)),
@@ -121,7 +121,7 @@ def onnx_config(settings: ResolvedSettings, width: int, precision: str, build_id
         config = mc.ModelConfig(name=name, backend="python", max_batch_size=settings.max_batch_size)
     _step_io(config, settings, width, token_dims)
     config.instance_group.add(kind=_kind(settings), count=settings.instances)
-    _batching(config, settings)
+    _batching(config, settings, settings.step_queue_delay_us)
     config.parameters[Param.PRECISION].string_value = precision
     # the token budget of one call: the python runner cuts merged batches under it, the gateway's batches keep to it
     config.parameters[Param.MAX_BATCH_TOKENS].string_value = str(settings.max_batch_tokens)
@@ -165,7 +165,7 @@ def trt_config(settings: ResolvedSettings, width: int, token_dims: dict[str, lis
     config.parameters[Param.PRECISION].string_value = "fp16"
     config.parameters[Param.MAX_BATCH_TOKENS].string_value = str(settings.max_batch_tokens)
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=settings.instances, profile=["0"])
-    _batching(config, settings)
+    _batching(config, settings, settings.step_queue_delay_us)
     return config
 
 

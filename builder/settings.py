@@ -26,6 +26,12 @@ DEFAULT_SPARSE_MAX_BATCH_TOKENS = 4096  # a SPLADE call holds tokens x vocabular
 # ~500 ms now and then (measured here: docs/contract.md "Queue policy"; upstream issue
 # triton-inference-server/server#8870). The gateway sheds load and cancels what it abandons instead.
 DEFAULT_QUEUE_TIMEOUT_MS = 0
+# Dynamic batcher delays. The tokenizer waits a little to merge an ensemble's texts into batches; a model step
+# runs at once: its callers (the gateway's scheduler, the tokenizer) send it batches already, and its wait only
+# lengthened each batch's round trip (H100, loadtest/results/h100-20w-queue-delay: 0 instead of 100 us served
+# single texts 1.02-1.07x and 32-text requests 1.08-1.14x through the scheduler, in three rounds).
+DEFAULT_TOKENIZER_QUEUE_DELAY_US = 100
+DEFAULT_STEP_QUEUE_DELAY_US = 0
 # Where Triton's onnxruntime backend keeps the engines ONNX Runtime's TensorRT provider compiles
 # (--onnx-accelerator tensorrt): a path inside the Triton container, on a writable volume (compose:
 # `ort_trt_cache`), so that a restart loads them instead of compiling again.
@@ -76,7 +82,10 @@ class BuildRequest(BaseModel):
         "matryoshka_dimensions)")
     length_buckets: Annotated[list[int], CommaList] = Field(default_factory=lambda: list(DEFAULT_LENGTH_BUCKETS))
     dynamic_batching: bool = True
-    max_queue_delay_us: int = Field(default=100, ge=0)
+    max_queue_delay_us: int | None = Field(
+        default=None, ge=0,
+        description="dynamic batcher queue delay of every model, in microseconds (default: 100 for the tokenizer, "
+        "which merges an ensemble's texts; 0 for model steps, whose callers send them batches already)")
     preferred_batch_sizes: Annotated[list[int] | None, CommaList] = None
     queue_timeout_ms: int = Field(
         default=DEFAULT_QUEUE_TIMEOUT_MS, ge=0,
@@ -180,9 +189,10 @@ class ResolvedSettings(BaseModel):
     labels: list[str] | None
     length_buckets: list[int]
     dynamic_batching: bool
-    max_queue_delay_us: int
+    max_queue_delay_us: int  # the tokenizer's
     preferred_batch_sizes: list[int]
     # defaults for callers that resolve settings themselves (loadtest/model_step.py)
+    step_queue_delay_us: int = DEFAULT_STEP_QUEUE_DELAY_US  # the model steps'
     queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
     max_queue_size: int = 0
     instances: int

@@ -85,7 +85,9 @@ def test_configs_parse_back(python_repository: Path) -> None:
     assert [(o.name, list(o.dims)) for o in step.output] == [("logits", [3])]
     assert step.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU and step.instance_group[0].count == 1
     assert list(step.dynamic_batching.preferred_batch_size) == [4, 8]
-    assert step.dynamic_batching.max_queue_delay_microseconds == 100
+    assert step.dynamic_batching.max_queue_delay_microseconds == 0  # its callers batch; the tokenizer waits 100 us
+    tokenizer = read_config(python_repository / "tinycls_tokenizer" / "config.pbtxt")
+    assert tokenizer.dynamic_batching.max_queue_delay_microseconds == 100
 
     ens = read_config(python_repository / "tinycls_onnx_ensemble" / "config.pbtxt")
     assert ens.platform == "ensemble" and ens.max_batch_size == 8
