@@ -326,7 +326,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
         pooling=task_settings.pooling, labels=task_settings.labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching,
-        max_queue_delay_us=DEFAULT_TOKENIZER_QUEUE_DELAY_US if delay is None else delay,
+        tokenizer_queue_delay_us=DEFAULT_TOKENIZER_QUEUE_DELAY_US if delay is None else delay,
         step_queue_delay_us=DEFAULT_STEP_QUEUE_DELAY_US if delay is None else delay,
         preferred_batch_sizes=sorted(set(preferred)), instances=request.instances or instances,
         queue_timeout_ms=request.queue_timeout_ms, max_queue_size=request.max_queue_size,

@@ -85,7 +85,7 @@ def tokenizer_config(settings: ResolvedSettings, pad_token_id: int, tokenizer_sh
         config.output.add(name=name, data_type=mc.TYPE_INT32, dims=[-1])
     config.output.add(name=NUM_TOKENS, data_type=mc.TYPE_INT32, dims=[1])
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=settings.tokenizer_instances)
-    _batching(config, settings, settings.max_queue_delay_us)
+    _batching(config, settings, settings.tokenizer_queue_delay_us)
     _set_parameters(config, {
         Param.MAX_SEQ_LEN: str(settings.max_seq_len),
         Param.LENGTH_BUCKETS: ",".join(str(b) for b in effective_buckets(settings.length_buckets, settings.max_seq_len)),

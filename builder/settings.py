@@ -189,10 +189,10 @@ class ResolvedSettings(BaseModel):
     labels: list[str] | None
     length_buckets: list[int]
     dynamic_batching: bool
-    max_queue_delay_us: int  # the tokenizer's
+    tokenizer_queue_delay_us: int
     preferred_batch_sizes: list[int]
     # defaults for callers that resolve settings themselves (loadtest/model_step.py)
-    step_queue_delay_us: int = DEFAULT_STEP_QUEUE_DELAY_US  # the model steps'
+    step_queue_delay_us: int = DEFAULT_STEP_QUEUE_DELAY_US
     queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
     max_queue_size: int = 0
     instances: int

@@ -65,7 +65,7 @@ def export_settings(model_dir: Path, float16: bool, max_seq_len: int = 512, max_
     return ResolvedSettings(
         model=str(model_dir), revision=None, task="embed", name="step", formats=["onnx"], max_seq_len=max_seq_len,
         max_batch_size=max_batch_size, device="gpu" if float16 else "cpu", runtime="python", pooling="mean",
-        labels=None, length_buckets=[max_seq_len], dynamic_batching=True, max_queue_delay_us=100,
+        labels=None, length_buckets=[max_seq_len], dynamic_batching=True, tokenizer_queue_delay_us=100,
         preferred_batch_sizes=[max_batch_size], instances=1, tokenizer_instances=1, onnx_threads=0, opset=17,
         onnx_optimize=True, onnx_precision="fp16" if float16 else "fp32", max_batch_tokens=max_batch_tokens,
         batch_widths=[], batch_rows=[], merge_buckets=merge_buckets, trt_opt_batch_size=8, trt_workspace_mib=1024,

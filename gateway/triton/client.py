@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -190,16 +191,20 @@ class _CallLedger:
         self.in_flight = 0
         self.unclean = 0
 
-    async def track(self, call: Awaitable[T]) -> T:
-        """Await `call`, counted (every call but infer; TritonClient._infer counts its own inline)."""
+    def __enter__(self) -> None:
         self.in_flight += 1
-        try:
-            return await call
-        except BaseException:
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.in_flight -= 1
+        if exc_type is not None:
             self.unclean += 1
-            raise
-        finally:
-            self.in_flight -= 1
+
+    async def track(self, call: Awaitable[T]) -> T:
+        """Await `call`, counted (`with ledger:` around an await does the same without a coroutine more)."""
+        with self:
+            return await call
 
     @property
     def may_report_late(self) -> bool:
@@ -215,7 +220,7 @@ class TritonClient:
         self.settings = settings
         self.timeout = settings.triton_timeout_s
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
-        self._calls = _CallLedger()  # every call but infer goes through its track(); _infer counts its own
+        self._calls = _CallLedger()  # every call to Triton is counted in it (close() reads it)
         self.pools: dict[str, ShmPool] = {}
         self.epoch = 0  # registrations made by this worker; +1 each time they are made again
         self._register_lock = asyncio.Lock()
@@ -475,17 +480,9 @@ class TritonClient:
             for want, out in zip(outputs, requested):
                 out.set_shared_memory(transport.name, want.nbytes, transport.layout.offset(want.name))
         via = "grpc" if transport is None else "shm"
-        calls = self._calls
-        calls.in_flight += 1
-        try:
-            with tracing.triton_call(model, outputs[0].shape[0], via) as headers:
-                result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
-                                               timeout=timeout_us, parameters=parameters, headers=headers)
-        except BaseException:
-            calls.unclean += 1
-            raise
-        finally:
-            calls.in_flight -= 1
+        with self._calls, tracing.triton_call(model, outputs[0].shape[0], via) as headers:
+            result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
+                                           timeout=timeout_us, parameters=parameters, headers=headers)
         TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
         return [_output(result, model, want, transport) for want in outputs]
 

@@ -24,7 +24,7 @@ def _settings(**overrides: object) -> ResolvedSettings:
         "model": "org/model", "revision": "abc", "task": "classify", "name": "m", "formats": ["onnx", "trt"],
         "max_seq_len": 300, "max_batch_size": 64, "device": "gpu", "runtime": "native", "pooling": None,
         "labels": ["a", "b", "c"], "length_buckets": [16, 32, 64, 128, 256, 512], "dynamic_batching": True,
-        "max_queue_delay_us": 100, "preferred_batch_sizes": [4, 8, 16, 32, 64], "queue_timeout_ms": 5000,
+        "tokenizer_queue_delay_us": 100, "preferred_batch_sizes": [4, 8, 16, 32, 64], "queue_timeout_ms": 5000,
         "max_queue_size": 512, "instances": 2, "tokenizer_instances": 1, "onnx_threads": 0, "opset": 17,
         "trt_opt_batch_size": 8, "trt_workspace_mib": 4096, "skip_parity": False, "onnx_optimize": True,
         "merge_buckets": False, "onnx_precision": "fp16", "max_batch_tokens": 16384, "batch_widths": [16, 300],
