@@ -55,25 +55,54 @@ STEPS = (  # (label, concurrency, texts per request, short text)
 EXTRA_STEPS = (("32 texts c=32", 32, 32, False),)  # run when named in --steps (issue 24's two-GPU target)
 
 
-def metric_sum(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` on a /metrics page whose labels include `labels`."""
+def metric_sums(url: str, names: dict[str, tuple[str, dict[str, str]]]) -> dict[str, float]:
+    """key -> the sum of the samples of a metric on one scrape of `url`/metrics whose labels include the given
+    ones (names: key -> (metric sample name, labels))."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    total = 0.0
+    totals = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
-        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        sample = line.split("{", 1)[0].split(" ", 1)[0]
+        for key, (name, labels) in names.items():
+            if sample == name and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+# What bench7 reads of the gateway's metrics before and after each step (the step's share is the difference)
+SCHEDULER_COUNTERS = {
+    "real": ("gateway_scheduled_tokens_total", {"kind": "real"}),
+    "computed": ("gateway_scheduled_tokens_total", {"kind": "computed"}),
+    "batches": ("gateway_batch_size_count", {}),
+    "texts": ("gateway_batch_size_sum", {}),
+    "triton_s": ("gateway_triton_request_duration_seconds_sum", {}),
+    "triton_calls": ("gateway_triton_request_duration_seconds_count", {}),
+    # where a request's time goes inside the gateway: from the app's first look at it to its answer written
+    "request_s": ("gateway_request_duration_seconds_sum", {}),
+    "requests": ("gateway_request_duration_seconds_count", {}),
+    "tokenize_s": ("gateway_tokenize_seconds_sum", {}),
+    "tokenized": ("gateway_tokenize_seconds_count", {}),
+    "oldest_wait_s": ("gateway_batch_queue_seconds_sum", {}),
+}
 
 
 def scheduler_counters(url: str) -> dict[str, float]:
+    return metric_sums(url, SCHEDULER_COUNTERS)
+
+
+def batching_stats(delta: dict[str, float]) -> dict[str, float]:
+    """A step's batching figures from the difference of two `scheduler_counters`."""
+    def per(total: str, count: str, scale: float = 1.0) -> float:
+        return scale * delta[total] / delta[count] if delta[count] else float("nan")
+
     return {
-        "real": metric_sum(url, "gateway_scheduled_tokens_total", kind="real"),
-        "computed": metric_sum(url, "gateway_scheduled_tokens_total", kind="computed"),
-        "batches": metric_sum(url, "gateway_batch_size_count"),
-        "texts": metric_sum(url, "gateway_batch_size_sum"),
-        "triton_s": metric_sum(url, "gateway_triton_request_duration_seconds_sum"),
-        "triton_calls": metric_sum(url, "gateway_triton_request_duration_seconds_count"),
+        "padding_ratio": per("computed", "real"),
+        "mean_batch_texts": per("texts", "batches"),
+        "batches": delta["batches"],
+        "gateway_to_triton_ms": per("triton_s", "triton_calls", 1e3) if delta["triton_calls"] else 0.0,
+        "gateway_request_ms": per("request_s", "requests", 1e3),
+        "tokenize_ms": per("tokenize_s", "tokenized", 1e3),
+        "oldest_queue_wait_ms": per("oldest_wait_s", "batches", 1e3),
     }
 
 
@@ -193,12 +222,7 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
         if scheduler:
             after = scheduler_counters(url)
             delta = {k: after[k] - before[k] for k in after}
-            batching[result.label] = {
-                "padding_ratio": delta["computed"] / delta["real"] if delta["real"] else float("nan"),
-                "mean_batch_texts": delta["texts"] / delta["batches"] if delta["batches"] else float("nan"),
-                "batches": delta["batches"],
-                "gateway_to_triton_ms": 1e3 * delta["triton_s"] / delta["triton_calls"] if delta["triton_calls"] else 0.0,
-            }
+            batching[result.label] = batching_stats(delta)
             if triton_before:
                 after_t = step_stats(args.triton_grpc, "bench_onnx")
                 d = {k: after_t[k] - triton_before[k] for k in after_t}
