@@ -30,7 +30,8 @@ class Machine(BaseModel):
     git_commit: str | None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name as the kernel shows it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -69,7 +70,7 @@ def describe_machine() -> Machine:
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         hostname=platform.node(),
         platform=platform.platform(),
-        cpu=_cpu_model(),
+        cpu=cpu_model(),
         cpu_count=os.cpu_count() or 0,
         memory_gib=_memory_gib(),
         gpu=gpu,

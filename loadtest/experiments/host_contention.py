@@ -3,7 +3,7 @@
 Issue 20, eleventh session. Under single texts at c=256 the host ran 11 of its 16 CPUs busy, and a gateway worker's
 event loop took about 0.7 ms of CPU per request there, against about 0.4 ms per request on the 2-core dev VM. If
 two of the host's CPUs share one physical core (hyperthreads the VM does not show as such), the host is fuller than
-11 of 16 says. This measures it with the standard library only:
+11 of 16 says. This measures it (standard library and loadtest.machine only):
 
 - alone: a fixed unit of pure-Python work (dicts, strings, JSON: what a gateway worker does) on CPU 0, nothing else
   running;
@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from loadtest.machine import cpu_model
 
 SPIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 
@@ -76,16 +78,6 @@ def topology() -> dict[str, str]:
         except OSError:
             out[str(cpu)] = "unknown"
     return out
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main(argv: list[str] | None = None) -> None:
