@@ -67,10 +67,10 @@ def with_spinners(cpus: list[int], seconds: float) -> float:
             proc.wait()
 
 
-def topology() -> dict[str, str]:
+def topology(cpus: list[int]) -> dict[str, str]:
     """cpu -> its thread_siblings_list and core_id as the kernel shows them."""
     out = {}
-    for cpu in sorted(os.sched_getaffinity(0)):
+    for cpu in cpus:
         base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
             out[str(cpu)] = (f"siblings {(base / 'thread_siblings_list').read_text().strip()}, "
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     load = {k: with_spinners(others[:k], args.seconds) if k else time_units(args.seconds) for k in counts}
     result = {"cpu_model": cpu_model(), "cpus": len(cpus), "measured_cpu": cpus[0], "alone_ms": alone,
               "pairs_ms": {str(k): v for k, v in pairs.items()}, "load_ms": {str(k): v for k, v in load.items()},
-              "topology": topology()}
+              "topology": topology(cpus)}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{cpu_model()}, {len(cpus)} CPUs; one work unit on CPU {cpus[0]}, median ms (x alone)")
     print(f"alone: {alone:.3f}")
