@@ -62,8 +62,6 @@ PER_TOKEN_OUTPUTS: tuple[str, ...] = (TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, COLBERT_V
 # Request parameter of an ensemble call that the tokenizer reads (Triton forwards an ensemble's
 # request parameters to its steps): `right` (default) or `left`.
 TRUNCATION_PARAMETER = "truncation_direction"
-# Triton's own request parameter: the request's timeout in microseconds (acted on by a queue policy only).
-TIMEOUT_PARAMETER = "timeout"
 
 # Files.
 TOKENIZER_FILE = "tokenizer.json"

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-import grpc
 import numpy as np
+import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TRUNCATION_PARAMETER
@@ -44,8 +44,8 @@ from gateway.triton.shm_pool import (
     ShmPool,
     probe_cuda,
     region_maker,
+    serialize_texts,
 )
-from gateway.triton.wire import Tensor, Wanted, inference_request, output_array, output_shape, rpc_failure
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.triton")
@@ -67,6 +67,45 @@ class Output:
         if not self.per_token:
             return (rows, self.width)
         return (rows, tokens) if self.width == 0 else (rows, tokens, self.width)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An input of a call: int32 token tensors, or texts (a BYTES [n, 1] tensor)."""
+
+    name: str
+    data: np.ndarray | list[bytes]
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.data.shape) if isinstance(self.data, np.ndarray) else [len(self.data), 1]
+
+    @property
+    def datatype(self) -> str:
+        return "INT32" if isinstance(self.data, np.ndarray) else "BYTES"
+
+    def array(self) -> np.ndarray:
+        """The tensor as gRPC sends it."""
+        if isinstance(self.data, np.ndarray):
+            return self.data
+        return np.array(self.data, dtype=np.object_).reshape(len(self.data), 1)
+
+    def payload(self) -> bytes | np.ndarray:
+        """The tensor as a shared-memory slot holds it (Triton's BYTES serialization for texts)."""
+        return self.data if isinstance(self.data, np.ndarray) else serialize_texts(self.data)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """An output a call asks for, and the shape and dtype it must come back in."""
+
+    name: str
+    dtype: type
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
 _MAX_MESSAGE = 2**31 - 1
@@ -181,9 +220,6 @@ class TritonClient:
         self.settings = settings
         self.timeout = settings.triton_timeout_s
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
-        # inference goes through a channel of its own, with requests built by gateway/triton/wire.py
-        self._channel = grpc.aio.insecure_channel(settings.triton_url, options=CHANNEL_ARGS)
-        self._model_infer = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelInfer
         self._calls = _CallLedger()  # every call to Triton is counted in it (close() reads it)
         self.pools: dict[str, ShmPool] = {}
         self.epoch = 0  # registrations made by this worker; +1 each time they are made again
@@ -427,16 +463,28 @@ class TritonClient:
         against its expected shape; the call's span and latency metric, by transport."""
         client_timeout, timeout_us = self._timeouts(deadline)
         start = time.perf_counter()
-        request = inference_request(model, inputs, outputs, transport, timeout_us, parameters)
+        infer_inputs = []
+        for tensor in inputs:
+            infer_input = grpcclient.InferInput(tensor.name, tensor.shape, tensor.datatype)
+            infer_inputs.append(infer_input)
+            if transport is not None:
+                payload = tensor.payload()
+                size = payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
+                if transport.layout.fits({tensor.name: size}):
+                    transport.write(tensor.name, payload)
+                    infer_input.set_shared_memory(transport.name, size, transport.layout.offset(tensor.name))
+                    continue
+            infer_input.set_data_from_numpy(tensor.array())
+        requested = [grpcclient.InferRequestedOutput(o.name) for o in outputs]
+        if transport is not None:
+            for want, out in zip(outputs, requested):
+                out.set_shared_memory(transport.name, want.nbytes, transport.layout.offset(want.name))
         via = "grpc" if transport is None else "shm"
         with self._calls, tracing.triton_call(model, outputs[0].shape[0], via) as headers:
-            metadata = tuple((key.lower(), value) for key, value in headers.items()) if headers else None
-            try:
-                response = await self._model_infer(request, timeout=client_timeout, metadata=metadata)
-            except grpc.RpcError as exc:
-                raise rpc_failure(exc) from None
+            result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
+                                           timeout=timeout_us, parameters=parameters, headers=headers)
         TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
-        return [_output(response, model, want, transport) for want in outputs]
+        return [_output(result, model, want, transport) for want in outputs]
 
     # --- shutdown ---------------------------------------------------------------------
     async def close(self) -> None:
@@ -452,7 +500,6 @@ class TritonClient:
         self._closed_pools.clear()
         late = self._calls.may_report_late
         await self.grpc.close()
-        await self._channel.close()
         # gRPC's core reports the end of a cancelled call (a timed-out infer, the channel's own cancels
         # of calls in flight) later, through its poller thread, to the loop the call was made on. Stay on
         # the loop for a moment so those reports land here and not on a closed loop, where they surface as
@@ -462,16 +509,20 @@ class TritonClient:
             await asyncio.sleep(CLOSE_DRAIN_S)
 
 
-def _output(response: service_pb2.ModelInferResponse, model: str, want: Wanted, region: Region | None) -> np.ndarray:
+def _output(result: grpcclient.InferResult, model: str, want: Wanted, region: Region | None) -> np.ndarray:
     """Output `want` of a call, from the answer or the region it was written into, or a contract-mismatch
     error when Triton's shape disagrees: in shared memory the bytes alone cannot tell a narrower output
     from a right one. Shapes agree when they do but for sizes of 1 (Triton's [n, 1] is a [n] column)."""
-    array = output_array(response, want.name) if region is None else None
-    shape = output_shape(response, want.name)
+    if region is None:
+        array = result.as_numpy(want.name)
+        shape = list(array.shape) if array is not None else None
+    else:
+        meta = result.get_output(want.name)
+        shape = list(meta.shape) if meta is not None else None
     if shape is None:
         raise _contract_mismatch(model, f"no output {want.name!r}")
     if [d for d in shape if d != 1] != [d for d in want.shape if d != 1]:
         raise _contract_mismatch(model, f"output {want.name!r} has shape {shape}, expected {list(want.shape)}")
-    if array is not None:
-        return array.reshape(want.shape)
-    return region.read(want.name, want.dtype, want.shape)  # type: ignore[union-attr]
+    if region is None:
+        return array.reshape(want.shape)  # type: ignore[union-attr]
+    return region.read(want.name, want.dtype, want.shape)

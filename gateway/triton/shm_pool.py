@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
@@ -151,7 +150,7 @@ class SystemRegion(Region):
         return len(raw)
 
     def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-        count = math.prod(shape)
+        count = int(np.prod(shape))
         offset = self._slot(name, count * np.dtype(dtype).itemsize)
         return np.frombuffer(self.buffer, dtype, count, offset).reshape(shape).copy()
 

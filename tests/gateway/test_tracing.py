@@ -210,12 +210,12 @@ async def main():
     app = create_app(GatewaySettings(triton_url={fake_triton.grpc_url!r}, shm_prefix="gwtraceoff"))
     assert not tracing.enabled()
     async with app.router.lifespan_context(app):
-        client = app.state.runtime.client
-        infer = client._model_infer
+        client = app.state.runtime.client.grpc
+        infer = client.infer
         async def spy(*args, **kwargs):
-            sent.append(kwargs.get("metadata"))
+            sent.append(kwargs.get("headers"))
             return await infer(*args, **kwargs)
-        client._model_infer = spy
+        client.infer = spy
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
             r = await http.post("/embed", json={{"model": "fakeemb", "inputs": ["a"]}},

@@ -1,6 +1,6 @@
-"""The gateway's own inference requests (gateway/triton/wire.py) against a real tritonserver: each transport
-(a registered system shm region, plain gRPC), texts (BYTES) and token ids (INT32), answers checked against
-what the models compute by construction; and a failed call read as tritonclient's client reports it."""
+"""The gateway's Triton client's inference calls against a real tritonserver: each transport (a registered system
+shm region, plain gRPC, and both in one call when an input outgrows its slot), texts (BYTES) and token ids (INT32),
+answers checked against what the models compute by construction; and a failed call's error type."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ async def test_texts_and_token_ids_come_back_as_the_models_computed_them(server:
         await client.close()
 
 
-async def test_a_failed_call_is_translated_as_tritonclients_failures_are(server: TritonServer) -> None:
+async def test_a_failed_call_is_an_unavailable_model_an_unreachable_triton_or_a_contract_mismatch(server: TritonServer) -> None:
     client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
     nobody = TritonClient(GatewaySettings(triton_url=f"127.0.0.1:{free_port()}", shm="none"))
     output = Output("embeddings", EMBED_DIM, "e")
