@@ -2,7 +2,7 @@
 call to a model step costs the gateway, alone and under concurrency.
 
     python -m loadtest.experiments.triton_call --before REV|FILE [--rounds 6] [--calls 500] [--concurrency 1,32]
-        [--out FILE]
+        [--warmup 200] [--out FILE]
 
 `old` is gateway/triton/client.py as it was at REV (read with `git show`; or a copy of it, FILE, where the checkout
 has no history), loaded beside this checkout's modules;
@@ -91,7 +91,8 @@ def client_at(revision: str) -> object:
     return module
 
 
-async def measure(url: str, before: str, rounds: int, calls: int, levels: list[int]) -> dict[str, object]:
+async def measure(url: str, before: str, rounds: int, calls: int, levels: list[int], warmup: int = 200
+                  ) -> dict[str, object]:
     from gateway.settings import GatewaySettings
     from gateway.triton import client as current
 
@@ -112,7 +113,7 @@ async def measure(url: str, before: str, rounds: int, calls: int, levels: list[i
 
         ways[name] = call
     for call in ways.values():  # warm-up, not kept
-        await _run(call, 200, max(levels))
+        await _run(call, warmup, max(levels))
     rows: list[dict[str, object]] = []
     names = list(ways)
     for r in range(rounds):
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--concurrency", default="1,32", help="comma-separated concurrency levels")
+    parser.add_argument("--warmup", type=int, default=200, help="calls of each client before the rounds, not kept")
     parser.add_argument("--out", type=Path, help="JSON file for the machine, settings and every round")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -153,8 +155,12 @@ def main(argv: list[str] | None = None) -> None:
         (repo / "echo" / "1").mkdir(parents=True)
         (repo / "echo" / "config.pbtxt").write_text(CONFIG)
         (repo / "echo" / "1" / "model.py").write_text(echo)
-        with TritonServer(repo) as server:
-            result = asyncio.run(measure(server.grpc_url, args.before, args.rounds, args.calls, levels))
+        server = TritonServer(repo)
+        server.start()
+        try:
+            result = asyncio.run(measure(server.grpc_url, args.before, args.rounds, args.calls, levels, args.warmup))
+        finally:
+            server.stop(kill=True)  # nothing to drain: the measurement is over
     lines = summarize(result["rows"])  # type: ignore[arg-type]
     print("\n".join(lines))
     if args.out:

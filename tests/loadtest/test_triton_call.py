@@ -15,7 +15,7 @@ def test_both_clients_are_timed_at_every_concurrency_in_every_round(tmp_path: Pa
     before.write_text((REPO_ROOT / "gateway" / "triton" / "client.py").read_text())
     out = tmp_path / "call.json"
     triton_call.main(["--before", str(before), "--rounds", "2", "--calls", "20", "--concurrency", "1,4",
-                      "--out", str(out)])
+                      "--warmup", "8", "--out", str(out)])
     record = json.loads(out.read_text())
     cells = {(row["round"], row["way"], row["concurrency"]) for row in record["rows"]}
     assert cells == {(r, w, c) for r in (1, 2) for w in ("old", "new") for c in (1, 4)}
