@@ -1,7 +1,8 @@
 """Where a host's CPU goes under load: cores used by each process group (the load generator, the gateway, tritonserver,
 the python-backend stubs, the rest), the gateway's by kind of thread (event loops, grpc's threads, the others), and
 the GPU's utilization, sampled every `--interval` seconds from /proc and nvidia-smi. Start it, then the load;
-samples while the gateway is busy are summarized (median per group).
+samples while the gateway is busy are summarized (median per group). How evenly the gateway's workers share the
+load: the busiest and the idlest worker's event loop, and the fewest and most client connections a worker holds.
 
     python -m loadtest.experiments.host_cpu --seconds 150 --out cpu.json &
     python -m loadtest bench7 --parts scheduler --steps "single text c=256" ...
@@ -79,6 +80,47 @@ def gateway_thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, in
     return ticks
 
 
+LISTENING, ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
+
+
+def tcp_sockets(pid: int) -> list[tuple[int, int, str]]:
+    """(inode, local port, state) of each TCP socket process `pid` holds open (none if it is gone)."""
+    table: dict[int, tuple[int, str]] = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(path).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            table[int(fields[9])] = (int(fields[1].rsplit(":", 1)[1], 16), fields[3])
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []
+    inodes = (int(link[8:-1]) for link in links if link.startswith("socket:["))
+    return [(inode, *table[inode]) for inode in inodes if inode in table]
+
+
+def worker_connections(pids: list[int]) -> dict[int, int]:
+    """pid -> established connections on the port that process listens on, for each of `pids` that listens (a
+    gateway worker; its parent holds the port without listening when every worker has a socket of its own)."""
+    counts: dict[int, int] = {}
+    for pid in pids:
+        held = tcp_sockets(pid)
+        ports = {port for _, port, state in held if state == LISTENING}
+        if ports:
+            counts[pid] = sum(1 for _, port, state in held if state == ESTABLISHED and port in ports)
+    return counts
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def host_busy() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -106,6 +148,16 @@ def sample(interval: float) -> dict[str, float]:
         used = ticks - threads_before[key][1] if key in threads_before else ticks
         cores[kind] = cores.get(kind, 0.0) + used / TICKS / elapsed
     cores["gateway threads (count)"] = float(len(threads_after))
+    loops = {pid: (ticks - threads_before[(pid, tid)][1]) / TICKS / elapsed for (pid, tid), (kind, ticks)
+             in threads_after.items() if kind == "gateway: event loops" and (pid, tid) in threads_before}
+    connections = worker_connections([pid for pid in gateway if _parent(pid) in gateway])  # not uvicorn's parent
+    busy_loops = [loops[pid] for pid in connections if pid in loops]  # the workers' loops, not their parent's
+    if busy_loops:
+        cores["gateway: busiest event loop"] = max(busy_loops)
+        cores["gateway: idlest event loop"] = min(busy_loops)
+    if connections:
+        cores["gateway: most connections of a worker (count)"] = float(max(connections.values()))
+        cores["gateway: fewest connections of a worker (count)"] = float(min(connections.values()))
     cores["host (all CPUs)"] = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * (os.cpu_count() or 1)
     if gpu is not None:
         gpu.terminate()
