@@ -5,16 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
 import uvicorn
-from uvicorn.config import STARTUP_FAILURE
-from uvicorn.supervisors import Multiprocess
 
-from gateway.listener import per_worker_listener, reuse_port_balances
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
 from gateway.triton.shm_pool import ShmUnavailable, probe_cuda
@@ -62,32 +58,6 @@ def check_transport(settings: GatewaySettings) -> None:
         sys.exit(2)
 
 
-def per_worker_socket(config: uvicorn.Config) -> socket.socket:
-    """The parent's socket for workers that listen each on their own; exits as uvicorn does when the port is taken."""
-    try:
-        return per_worker_listener(config.host, config.port)
-    except OSError as exc:
-        logging.getLogger("gateway").error("cannot listen on %s:%d: %s", config.host, config.port, exc)
-        sys.exit(STARTUP_FAILURE)
-
-
-def serve(config: uvicorn.Config, reuse_port: bool) -> None:
-    """Run uvicorn as `uvicorn.run` does: one server, or `config.workers` processes under its supervisor, each
-    on a listening socket of its own where `reuse_port` and the platform allow (gateway/listener.py)."""
-    server = uvicorn.Server(config)
-    try:
-        if config.workers > 1:
-            balanced = reuse_port and reuse_port_balances()
-            sock = per_worker_socket(config) if balanced else config.bind_socket()
-            Multiprocess(config, sockets=[sock]).run()
-        else:
-            server.run()
-    except KeyboardInterrupt:
-        pass
-    if config.workers <= 1 and not server.started:
-        sys.exit(STARTUP_FAILURE)
-
-
 def main() -> None:
     settings = GatewaySettings()
     configure_logging(settings.log_level)
@@ -95,20 +65,19 @@ def main() -> None:
     os.environ.pop("RAYON_NUM_THREADS", None)
     os.environ.update(tokenizer_environment(settings))  # before any worker starts or tokenizes
     metrics_dir = prepare_metrics_dir(settings)
-    config = uvicorn.Config(
-        "gateway.app:app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.worker_count,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-        loop=settings.loop,
-        http="gateway.http_protocol:NoDelayHttpToolsProtocol",
-    )
     try:
-        serve(config, reuse_port=settings.reuse_port)
+        uvicorn.run(
+            "gateway.app:app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.worker_count,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+            loop=settings.loop,
+            http="gateway.http_protocol:NoDelayHttpToolsProtocol",
+        )
     finally:  # uvicorn returns once its workers have stopped (SIGTERM, SIGINT)
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

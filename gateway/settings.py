@@ -109,11 +109,6 @@ class GatewaySettings(BaseSettings):
         "CPU quota (a container limit), else half the host's CPUs (the rest is left to Triton's python "
         "stubs and tokenizers). Each worker batches its own requests; Triton merges the batches of all workers.",
     )
-    reuse_port: bool = Field(
-        True, description="With several workers, each listens on a socket of its own (SO_REUSEPORT, Linux), so that "
-        "the kernel spreads new connections evenly over them; false = one socket shared by all, where a burst of "
-        "connections lands on whichever worker wakes first (gateway/listener.py).",
-    )
     tokenizer_threads: int | Literal["auto"] = Field(
         "auto", description="Threads of the Rust tokenizer's pool in each worker: a number (1 = no pool: the worker "
         "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else half the "

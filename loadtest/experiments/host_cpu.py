@@ -95,9 +95,15 @@ def tcp_sockets(pid: int) -> list[tuple[int, int, str]]:
             fields = line.split()
             table[int(fields[9])] = (int(fields[1].rsplit(":", 1)[1], 16), fields[3])
     try:
-        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return []
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own descriptor, when pid is this process)
+            continue
     inodes = (int(link[8:-1]) for link in links if link.startswith("socket:["))
     return [(inode, *table[inode]) for inode in inodes if inode in table]
 

@@ -28,3 +28,31 @@ def test_gpu_utilization_is_given_per_gpu_where_there_are_several() -> None:
     assert gpu_utilization("0, 90\n1, 10\n0, 70\n1, 30\n[N/A]\n") == {
         "gpu utilization %": 50.0, "gpu 0 utilization %": 80.0, "gpu 1 utilization %": 20.0}
     assert gpu_utilization("") == {"gpu utilization %": -1.0}
+
+
+def test_connections_are_counted_on_the_port_a_process_listens_on() -> None:
+    import os
+    import socket
+
+    from loadtest.experiments.host_cpu import ESTABLISHED, LISTENING, tcp_sockets, worker_connections
+
+    with socket.socket() as server, socket.socket() as elsewhere:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        elsewhere.bind(("127.0.0.1", 0))
+        elsewhere.listen()  # this process's connections to another port it listens on are not its clients
+        port, other = server.getsockname()[1], elsewhere.getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        outgoing = socket.create_connection(("127.0.0.1", other))
+        accepted = [server.accept()[0] for _ in clients]
+        try:
+            held = tcp_sockets(os.getpid())
+            assert (port, LISTENING) in {(p, s) for _, p, s in held}
+            assert sum(1 for _, p, s in held if p == port and s == ESTABLISHED) == 3
+            # its clients are the 3 accepted on `port`: not the client ends (ephemeral ports), not the connection
+            # to `other` that was never accepted
+            assert worker_connections([os.getpid()]) == {os.getpid(): 3}
+            assert worker_connections([2 ** 22 + 1]) == {}  # no such process
+        finally:
+            for s in (*clients, *accepted, outgoing):
+                s.close()
