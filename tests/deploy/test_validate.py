@@ -7,6 +7,7 @@ check is one of the findings kept on purpose, each with its reason in the manife
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -32,7 +33,7 @@ from tests.deploy.manifests import (
 
 VERSIONS = ["1.30", kubernetes_validate.utils.latest_version()]
 SERVICE_MONITOR_CRD = Path(__file__).parent / "schemas" / "monitoring.coreos.com_servicemonitors.yaml"
-CHECKOV_VERSION = "3.3.30"
+CHECKOV_REQUIREMENTS = REPO_ROOT / "requirements" / "checkov.txt"
 CHECKOV_VENV = REPO_ROOT / ".cache" / "checkov-venv"
 # Findings kept on purpose: each manifest that skips one says why (checkov.io/skipN annotations).
 KEPT_FINDINGS = {
@@ -116,14 +117,15 @@ def test_the_crd_check_catches_mistakes() -> None:
 
 
 def checkov() -> Path:
-    """checkov in a virtualenv of its own (it pins packaging and networkx below what .venv needs),
-    created on first use (or for another version): `python -m venv .cache/checkov-venv` + pip install
-    (about 1 min)."""
+    """checkov in a virtualenv of its own (it pins packaging and networkx below what .venv needs), as scripts/test
+    makes it from requirements/checkov.txt; made here (about 30 s) where pytest runs without scripts/test."""
     binary = CHECKOV_VENV / "bin" / "checkov"
-    stamp = CHECKOV_VENV / f".installed-{CHECKOV_VERSION}"
+    digest = hashlib.sha256(CHECKOV_REQUIREMENTS.read_bytes()).hexdigest()[:16]
+    stamp = CHECKOV_VENV / f".installed-{digest}"  # scripts/test's stamp: sha256sum's first 16 hex digits
     if not stamp.exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(CHECKOV_VENV)], check=True)
-        subprocess.run([str(CHECKOV_VENV / "bin" / "pip"), "install", "-q", f"checkov=={CHECKOV_VERSION}"], check=True, timeout=900)
+        subprocess.run([str(CHECKOV_VENV / "bin" / "pip"), "install", "-q", "-r", str(CHECKOV_REQUIREMENTS)],
+                       check=True, timeout=900)
         stamp.touch()
     return binary
 
