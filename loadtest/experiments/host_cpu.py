@@ -110,7 +110,8 @@ def tcp_sockets(pid: int) -> list[tuple[int, int, str]]:
 
 def worker_connections(pids: list[int]) -> dict[int, int]:
     """pid -> established connections on the port that process listens on, for each of `pids` that listens (a
-    gateway worker; its parent holds the port without listening when every worker has a socket of its own)."""
+    gateway worker). uvicorn's parent holds the workers' shared listening socket too, with no connection: pass the
+    workers only."""
     counts: dict[int, int] = {}
     for pid in pids:
         held = tcp_sockets(pid)
