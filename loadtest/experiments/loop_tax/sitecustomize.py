@@ -10,6 +10,7 @@ applied when gateway.api.hot is first imported. Without LOOP_TAX_US (or 0) it do
 """
 
 import importlib.abc
+import importlib.util
 import os
 import sys
 import time
@@ -49,6 +50,4 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 if TAX_S > 0:
-    import importlib.util
-
     sys.meta_path.insert(0, _Finder())
