@@ -16,11 +16,14 @@ from swagger_ui_bundle import swagger_ui_path
 
 from gateway import tracing
 from gateway.api.errors import install_error_handlers
-from gateway.api.hot import HotRoutes, hot_routes
+from gateway.api.direct import STATE_KEY as DIRECT_ROUTES
+from gateway.api.direct import DirectRoutes
+from gateway.api.hot import HotRoute, HotRoutes, hot_routes
 from gateway.api.middleware import (
     AccessLog,
     BodyLimit,
     CancelOnDisconnect,
+    InFlight,
     LastResort,
     MaxInFlight,
     RequestId,
@@ -48,16 +51,22 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     else to what the OTEL_* variables ask for (gateway/tracing.py), else nowhere."""
     settings = settings or get_settings()
     tracer_provider = tracing.configure(tracer_provider)
+    in_flight = InFlight(settings.max_in_flight)  # counted by the ASGI layer and by the direct routes alike
+    hot = hot_routes([api, vectors, cohere])
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, DirectRoutes | None]]:
         runtime = Runtime(settings)
         app.state.runtime = runtime
         app.state.services = Services.of(runtime)
         app.state.admin = ModelAdmin(runtime)
         await runtime.start()
+        # the lifespan state reaches the HTTP server's protocol (gateway/http_protocol.py), which serves the hot
+        # routes itself with these; while tracing, every request goes through the ASGI stack (FastAPI's spans)
+        direct = (DirectRoutes(app, hot, in_flight, settings, in_flight_pause_s(settings))
+                  if settings.direct_routes and not tracing.enabled() else None)
         try:
-            yield
+            yield {DIRECT_ROUTES: direct}
         finally:
             await runtime.close()
             tracing.shutdown()
@@ -72,7 +81,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
         redoc_url=None,
         openapi_url="/openapi.json" if settings.docs else None,
         telemetry=tracing.fastapi_telemetry(tracer_provider, untraced=PROBE_PATHS),
-        middleware=request_layers(settings),
+        middleware=request_layers(settings, in_flight, hot),
     )
     install_error_handlers(app)
     app.include_router(api)
@@ -86,9 +95,15 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     return app
 
 
-def request_layers(settings: GatewaySettings) -> list[Middleware]:
+def in_flight_pause_s(settings: GatewaySettings) -> float:
+    """How long a 429 over GATEWAY_MAX_IN_FLIGHT waits before it is answered."""
+    return min(settings.shed_pause_s, 1.0)
+
+
+def request_layers(settings: GatewaySettings, in_flight: InFlight, hot: dict[str, HotRoute]) -> list[Middleware]:
     """The gateway's ASGI layers around every request, outermost first (FastAPI's ServerErrorMiddleware and
-    telemetry wrap them; its exception handlers and router come after). One job each: api/middleware.py."""
+    telemetry wrap them; its exception handlers and router come after). One job each: api/middleware.py.
+    api/direct.py does the same for the hot routes it serves outside this stack."""
     return [
         Middleware(TeiErrorShape),  # errors under /tei/ in TEI's shape, the refusals below included
         Middleware(RequestId, header=settings.request_id_header),  # request.state.request_id, echoed on each answer
@@ -96,12 +111,11 @@ def request_layers(settings: GatewaySettings) -> list[Middleware]:
         Middleware(LastResort),  # an escaped exception: 413 (body grew past the limit) or a logged 500
         Middleware(RequireKey, api_keys=settings.api_keys, admin_keys=settings.admin_keys),  # 401/403/404, no body read
         Middleware(BodyLimit, max_bytes=settings.max_body_bytes),  # 413 by Content-Length, or while read
-        Middleware(MaxInFlight, max_in_flight=settings.max_in_flight,
-                   pause_s=min(settings.shed_pause_s, 1.0)),  # paced 429 over the bound; probes pass
+        Middleware(MaxInFlight, in_flight=in_flight, pause_s=in_flight_pause_s(settings)),  # paced 429; probes pass
         Middleware(CancelOnDisconnect),  # the client left: cancel its work, log 499
         Middleware(SheddingGate, request_timeout_s=settings.request_timeout_s,
                    pause_s=settings.shed_pause_s),  # paced refusal of a shedding model, before validation
-        Middleware(HotRoutes, routes=hot_routes([api, vectors, cohere])),  # inference routes, without FastAPI's routing
+        Middleware(HotRoutes, routes=hot),  # inference routes, without FastAPI's routing
     ]
 
 

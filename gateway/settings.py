@@ -119,6 +119,12 @@ class GatewaySettings(BaseSettings):
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
     )
+    direct_routes: bool = Field(
+        True, description="Serve the inference routes' JSON POSTs (/embed, /classify, /v1/embeddings, ...) from the "
+        "HTTP server's protocol itself, without the ASGI stack: the same answers, errors, logs and metrics, at "
+        "about a quarter less CPU per small request (api/direct.py). false = every request through the ASGI stack. "
+        "Tracing (OTEL_*) does the same while it is on.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     docs: bool = Field(True, description="Serve /docs (Swagger UI, assets bundled: works offline) and /openapi.json.")
     metrics_dir: str = Field(

@@ -20,7 +20,7 @@ import orjson
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import Request, empty_receive
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -64,20 +64,25 @@ class HotRoutes:
         if entry is None:
             await self.app(scope, receive, send)
             return
-        route, model, handler, json_check = entry
-        scope["route"] = route  # what routing sets: the access log and metrics name the route by it
-        tracing.route_selected("POST", route.path)
-        try:
-            if json_check and (media := json_media_error(_content_type(scope))) is not None:
-                raise media
-            parsed = _parse(await _read_body(receive), model)
-            if isinstance(parsed, BaseModel):
-                response = await handler(parsed, Request(scope, receive))
-            else:
-                response = parsed
-        except GatewayError as exc:
-            response = gateway_error_response(exc)
+        scope["route"] = entry[0]  # what routing sets: the access log and metrics name the route by it
+        tracing.route_selected("POST", entry[0].path)
+        response = await respond(entry, scope, await _read_body(receive), receive)
         await response(scope, receive, send)
+
+
+async def respond(entry: HotRoute, scope: Scope, body: bytes, receive: Receive = empty_receive) -> Response:
+    """The answer of a hot route to a request (`scope`, whose route is set) with `body`: the JSON check, the
+    parse, the model's validation, the handler; a domain error as its response."""
+    _, model, handler, json_check = entry
+    try:
+        if json_check and (media := json_media_error(_content_type(scope))) is not None:
+            raise media
+        parsed = _parse(body, model)
+        if isinstance(parsed, BaseModel):
+            return await handler(parsed, Request(scope, receive))
+        return parsed
+    except GatewayError as exc:
+        return gateway_error_response(exc)
 
 
 def _content_type(scope: Scope) -> str:

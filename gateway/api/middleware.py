@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.auth import check_admin_key, check_api_key, is_admin, is_public
 from gateway.api.errors import error_response, gateway_error_response
+from gateway.api.responses import OrjsonResponse
 from gateway.api.probes import PROBE_PATHS
 from gateway.api.shedding import inference_route
 from gateway.errors import ErrorType, GatewayError
@@ -201,29 +202,36 @@ class LastResort(Layer):
             if not started:
                 await error_response(ErrorType.BODY_TOO_LARGE, exc.detail)(scope, receive, send)
         except Exception:
-            log.exception("unhandled error", extra={"request_id": scope.get("state", {}).get("request_id")})
+            response = unhandled_error(scope.get("state", {}).get("request_id"))
             if not started:
-                await error_response(ErrorType.INTERNAL_ERROR, "internal error")(scope, receive, send)
+                await response(scope, receive, send)
+
+
+def unhandled_error(request_id: str | None) -> OrjsonResponse:
+    """Log an exception that escaped a request's handling, with the request id; its 500."""
+    log.exception("unhandled error", extra={"request_id": request_id})
+    return error_response(ErrorType.INTERNAL_ERROR, "internal error")
+
+
+def key_error(scope: Scope, api_keys: list[str], admin_keys: list[str]) -> GatewayError | None:
+    """The 401/403/404 of a request without the key its path needs (API key, admin key, none: api/auth.py);
+    None when it may pass."""
+    path = scope["path"]
+    if is_admin(path):
+        return check_admin_key(header(scope, b"authorization"), admin_keys)
+    return None if is_public(path) else check_api_key(header(scope, b"authorization"), api_keys)
 
 
 class RequireKey(Layer):
-    """Refuses a request without the key its path needs (API key, admin key, none: api/auth.py) before
-    its body is read."""
+    """Refuses a request without the key its path needs before its body is read (`key_error`)."""
 
     def __init__(self, app: ASGIApp, *, api_keys: list[str], admin_keys: list[str]) -> None:
         super().__init__(app)
         self.api_keys = api_keys
         self.admin_keys = admin_keys
 
-    def denied(self, scope: Scope) -> GatewayError | None:
-        """The 401/403/404 of a request without the key its path needs; None when it may pass."""
-        path = scope["path"]
-        if is_admin(path):
-            return check_admin_key(header(scope, b"authorization"), self.admin_keys)
-        return None if is_public(path) else check_api_key(header(scope, b"authorization"), self.api_keys)
-
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        denied = self.denied(scope)
+        denied = key_error(scope, self.api_keys, self.admin_keys)
         if denied is None:
             await self.app(scope, receive, send)
         else:
@@ -263,32 +271,50 @@ class BodyLimit(Layer):
         await self.app(scope, limited_receive, send)
 
 
-class MaxInFlight(Layer):
-    """Bounds the requests this worker serves at once (the gauge `IN_FLIGHT`). Over the bound a request
-    is answered 429 after `pause_s` (GATEWAY_SHED_PAUSE_S, paced like a shedding model's refusals in
-    api/shedding.py: a client that retries at once sends one request per pause). Probes are counted but
-    never refused."""
+class InFlight:
+    """The requests one worker serves at once (the gauge `IN_FLIGHT`) and their bound (GATEWAY_MAX_IN_FLIGHT):
+    `MaxInFlight` and the direct routes (api/direct.py) count in the same one. `with in_flight:` counts a request."""
 
-    def __init__(self, app: ASGIApp, *, max_in_flight: int, pause_s: float) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.limit
+
+    def __enter__(self) -> None:
+        self.count += 1
+        IN_FLIGHT.inc()
+
+    def __exit__(self, *_: object) -> None:
+        self.count -= 1
+        IN_FLIGHT.dec()
+
+
+async def too_many_in_flight(pause_s: float) -> OrjsonResponse:
+    """The 429 of a request over the in-flight bound, after `pause_s` (GATEWAY_SHED_PAUSE_S, paced like a shedding
+    model's refusals in api/shedding.py: a client that retries at once sends one request per pause)."""
+    if pause_s > 0:
+        await asyncio.sleep(pause_s)
+    return error_response(ErrorType.RATE_LIMITED, "too many requests in flight", retry_after_s=1)
+
+
+class MaxInFlight(Layer):
+    """Bounds the requests this worker serves at once (`InFlight`); over the bound a request is answered
+    `too_many_in_flight`. Probes are counted but never refused."""
+
+    def __init__(self, app: ASGIApp, *, in_flight: InFlight, pause_s: float) -> None:
         super().__init__(app)
-        self.max_in_flight = max_in_flight
+        self.in_flight = in_flight
         self.pause_s = pause_s
-        self.in_flight = 0
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.in_flight >= self.max_in_flight and scope["path"] not in PROBE_PATHS:
-            if self.pause_s > 0:
-                await asyncio.sleep(self.pause_s)
-            await error_response(ErrorType.RATE_LIMITED, "too many requests in flight", retry_after_s=1)(
-                scope, receive, send)
+        if self.in_flight.full and scope["path"] not in PROBE_PATHS:
+            await (await too_many_in_flight(self.pause_s))(scope, receive, send)
             return
-        self.in_flight += 1
-        IN_FLIGHT.inc()
-        try:
+        with self.in_flight:
             await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-            IN_FLIGHT.dec()
 
 
 class CancelOnDisconnect(Layer):

@@ -83,21 +83,12 @@ class SheddingGate:
         if route is None or runtime is None or not runtime.inference.shedding():
             await self.app(scope, receive, send)
             return
-        _, task, path_model = route
         body, rest = await _read_body(receive)
-        fields = _fields(body)
-        if fields is not None:
-            model = path_model or fields[0]
-            try:
-                runtime.check_admission(model, task, fields[1], time.monotonic() + self.request_timeout_s)
-            except GatewayError as exc:
-                scope.setdefault("state", {})["model"] = model or ""
-                pause = min(self.pause_s, exc.retry_after_s or 0.0)
-                if pause > 0:
-                    await asyncio.sleep(pause)
-                    exc.retry_after_s = (exc.retry_after_s or 0.0) - pause
-                await gateway_error_response(exc)(scope, receive, send)
-                return
+        refusal = await shedding_refusal(runtime, route, body, scope.setdefault("state", {}), self.request_timeout_s,
+                                         self.pause_s)
+        if refusal is not None:
+            await gateway_error_response(refusal)(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -108,6 +99,27 @@ class SheddingGate:
             return await receive()
 
         await self.app(scope, replay if rest is None else rest, send)
+
+
+async def shedding_refusal(runtime: Runtime, route: tuple[str, Task | None, str | None], body: bytes,
+                           state: dict[str, object], request_timeout_s: float, pause_s: float) -> GatewayError | None:
+    """The refusal of a request for a shedding model (`route`: `inference_route`'s), answered after the pause
+    (its model noted in the request's `state`); None when the request goes on (the service checks it again)."""
+    _, task, path_model = route
+    fields = _fields(body)
+    if fields is None:
+        return None
+    model = path_model or fields[0]
+    try:
+        runtime.check_admission(model, task, fields[1], time.monotonic() + request_timeout_s)
+    except GatewayError as exc:
+        state["model"] = model or ""
+        pause = min(pause_s, exc.retry_after_s or 0.0)
+        if pause > 0:
+            await asyncio.sleep(pause)
+            exc.retry_after_s = (exc.retry_after_s or 0.0) - pause
+        return exc
+    return None
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, Receive | None]:

@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.hot import HotRoutes
+from gateway.api.middleware import InFlight
 from gateway.api.shedding import SheddingGate
 from gateway.app import request_layers
 from gateway.settings import GatewaySettings
@@ -23,10 +24,14 @@ pytestmark = pytest.mark.anyio
 RID = "rid-1"
 
 
+def layer_args(settings: GatewaySettings) -> tuple[GatewaySettings, InFlight, dict[str, Any]]:
+    return settings, InFlight(settings.max_in_flight), {}
+
+
 def stack(inner: ASGIApp, **settings: Any) -> ASGIApp:
     """`inner` inside the gateway's own layers, in the app factory's order."""
     app = inner
-    for cls, args, kwargs in reversed(request_layers(GatewaySettings(triton_url="localhost:1", **settings))):
+    for cls, args, kwargs in reversed(request_layers(*layer_args(GatewaySettings(triton_url="localhost:1", **settings)))):
         if cls not in (SheddingGate, HotRoutes):
             app = cls(app, *args, **kwargs)
     return app
