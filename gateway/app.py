@@ -15,9 +15,9 @@ from starlette.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
 from gateway import tracing
-from gateway.api.errors import install_error_handlers
 from gateway.api.direct import STATE_KEY as DIRECT_ROUTES
 from gateway.api.direct import DirectRoutes
+from gateway.api.errors import install_error_handlers
 from gateway.api.hot import HotRoute, HotRoutes, hot_routes
 from gateway.api.middleware import (
     AccessLog,

@@ -116,7 +116,7 @@ class DirectCycle:
     pipelined request behind one that is not `response_complete`, a graceful shutdown clears `keep_alive`, and a
     lost connection sets `disconnected` (and its `message_event`, which no one waits on here)."""
 
-    __slots__ = ("response_complete", "keep_alive", "disconnected", "task")
+    __slots__ = ("disconnected", "keep_alive", "response_complete", "task")
     message_event = _NoEvent()
 
     def __init__(self, keep_alive: bool) -> None:

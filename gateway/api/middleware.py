@@ -15,7 +15,8 @@ The app factory (gateway/app.py) stacks them in this order, outermost first:
 
 Then api/shedding.py's `SheddingGate`, api/hot.py's `HotRoutes` and FastAPI's own stack. Each layer
 costs one call per request (`Layer`), and one small wrapper of `send` or `receive` where it must see the
-messages.
+messages. The hot routes served from the HTTP protocol (api/direct.py) skip this stack and call the functions
+the layers are made of (`request_id`, `record`, `unhandled_error`, `key_error`, `InFlight`, `too_many_in_flight`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.auth import check_admin_key, check_api_key, is_admin, is_public
 from gateway.api.errors import error_response, gateway_error_response
-from gateway.api.responses import OrjsonResponse
 from gateway.api.probes import PROBE_PATHS
+from gateway.api.responses import OrjsonResponse
 from gateway.api.shedding import inference_route
 from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
@@ -311,7 +312,8 @@ class MaxInFlight(Layer):
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.in_flight.full and scope["path"] not in PROBE_PATHS:
-            await (await too_many_in_flight(self.pause_s))(scope, receive, send)
+            refusal = await too_many_in_flight(self.pause_s)
+            await refusal(scope, receive, send)
             return
         with self.in_flight:
             await self.app(scope, receive, send)

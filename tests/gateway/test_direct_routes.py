@@ -198,7 +198,7 @@ async def test_a_client_that_leaves_has_its_request_cancelled_and_logged_499(cap
     probe = Probe()
     with caplog.at_level(logging.INFO, logger="gateway.access"):
         async with protocol_server(probe) as (port, in_flight, _):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(post("/hot", b'{"text": "wait"}'))
             await until(probe.started.is_set, "the request is being served")
             assert in_flight.count == 1

@@ -23,5 +23,5 @@ def protocol_class(mode: str | None) -> str:
 
 
 def test_the_protocol_is_replaced_only_when_asked() -> None:
-    assert protocol_class("bare") == protocol_class("logged") == "BareEmbedProtocol"
-    assert protocol_class(None) == protocol_class("other") == "NoDelayHttpToolsProtocol"
+    assert protocol_class("logged") == "BareEmbedProtocol"
+    assert protocol_class(None) == "NoDelayHttpToolsProtocol"
