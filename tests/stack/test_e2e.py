@@ -105,7 +105,7 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 30,
         return status, raw.decode(errors="replace")
 
 
-def wait_until(what: str, probe: Any, timeout_s: float, stack: Stack) -> float:
+def wait_for_stack(what: str, probe: Any, timeout_s: float, stack: Stack) -> float:
     """Poll `probe()` until true; returns the seconds it took (fails with the service logs)."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
@@ -247,7 +247,7 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
 
     start = time.monotonic()
     stack.compose("up", "-d")
-    wait_until("gateway /readyz", lambda: gateway_ready(stack), 600, stack)
+    wait_for_stack("gateway /readyz", lambda: gateway_ready(stack), 600, stack)
     timings["first_up_s"] = time.monotonic() - start
     builder_log = stack.compose("logs", "--no-color", "builder").stdout
     assert "tinycls: built" in builder_log and "tinyemb: built" in builder_log, builder_log
@@ -283,7 +283,7 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
         health = {t["labels"]["job"]: t["health"] for t in body["data"]["activeTargets"]}
         return health == {"gateway": "up", "triton": "up"}
 
-    wait_until("both Prometheus targets up", both_targets_up, 60, stack)
+    wait_for_stack("both Prometheus targets up", both_targets_up, 60, stack)
     status, body = http_json(stack.url("PROMETHEUS_PORT", "/api/v1/query?query=sum(nv_inference_request_success)"))
     assert status == 200 and body["data"]["result"], body
 
@@ -293,7 +293,7 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
     stack.compose("down", "--timeout", "10")
     start = time.monotonic()
     stack.compose("up", "-d")
-    wait_until("gateway /readyz after restart", lambda: gateway_ready(stack), 300, stack)
+    wait_for_stack("gateway /readyz after restart", lambda: gateway_ready(stack), 300, stack)
     timings["second_up_s"] = time.monotonic() - start
     builder_log = stack.compose("logs", "--no-color", "builder").stdout
     assert "tinycls: up to date" in builder_log and "tinyemb: up to date" in builder_log, builder_log
