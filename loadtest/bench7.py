@@ -200,7 +200,7 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
                ) -> tuple[list[StepResult], dict[str, dict[str, float]]]:
     """The stack's (or another server's) HTTP steps; with `scheduler`, batching counters per step.
     `profile` = (gateway pid, output file): py-spy one worker during the c=256 step."""
-    spec = GatewaySpec(url=url, endpoint=endpoint, model=model, timeout_s=60)  # type: ignore[arg-type]
+    spec = GatewaySpec(url=url, endpoint=endpoint, model=model, timeout_s=60, client=args.client)  # type: ignore[arg-type]
     steps, batching = [], {}
     wanted = set(only or args.steps or [n for n, *_ in STEPS])
     for name, concurrency, batch, short in STEPS + EXTRA_STEPS:
@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tuned", default="", help="k=v,... GATEWAY_* settings of one more scheduler series, "
                    "'tuned', beside the shipped defaults (e.g. workers=6,max_batches_in_flight=1)")
     p.add_argument("--procs", type=int, default=5, help="client processes")
+    p.add_argument("--client", default="aiohttp", choices=["aiohttp", "raw"],
+                   help="the load generator's HTTP client (loadtest/http_client.py: raw)")
     p.add_argument("--corpus-size", type=int, default=4000)
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
@@ -428,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({alone['providers']})",
         "peers (texts/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()),
         f"gateway: workers {args.workers or 'default (auto)'}, settings {gateway_settings or 'defaults'}; "
-        f"{args.procs} client processes; repository: the builder's defaults for --runtime python --formats onnx "
+        f"{args.procs} client processes ({args.client} client); repository: the builder's defaults for --runtime python --formats onnx "
         f"--device {args.device}, overrides: --max-batch-size {args.max_batch_size or '-'} --instances "
         f"{args.instances or '-'} --tokenizer-instances {args.tokenizer_instances or '-'} {' '.join(args.builder_arg)}",
         "tokens/s per step: " + ", ".join(f"{s.label} {s.items_per_s * tokens_per_text:.0f}" for s in steps),

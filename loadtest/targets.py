@@ -13,6 +13,8 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, Field
 
+from loadtest.http_client import HttpClient
+
 Endpoint = Literal["classify", "embed", "openai"]
 PATHS: dict[str, str] = {"classify": "/classify", "embed": "/embed", "openai": "/v1/embeddings"}
 
@@ -34,6 +36,9 @@ class GatewaySpec(BaseModel):
     model: str | None = None
     api_key: str | None = None
     timeout_s: float = 60.0
+    client: Literal["aiohttp", "raw"] = Field(
+        "aiohttp", description="aiohttp's session, or loadtest.http_client (one keep-alive connection per slot, "
+                               "httptools): a client that takes less of the host's CPU")
 
 
 class TritonSpec(BaseModel):
@@ -48,17 +53,23 @@ class TritonSpec(BaseModel):
 
 
 class GatewayTarget:
-    """POSTs JSON to the gateway with one aiohttp session (keep-alive, no connection limit)."""
+    """POSTs JSON to the gateway with one aiohttp session (keep-alive, no connection limit), or with
+    loadtest.http_client when the spec asks for the `raw` client."""
 
     def __init__(self, spec: GatewaySpec) -> None:
         self.spec = spec
         self.session: object | None = None
-        self.url = spec.url.rstrip("/") + PATHS[spec.endpoint]
+        self.raw: HttpClient | None = None
+        self.path = PATHS[spec.endpoint]
+        self.url = spec.url.rstrip("/") + self.path
         self.headers = {"content-type": "application/json"}
         if spec.api_key:
             self.headers["authorization"] = f"Bearer {spec.api_key}"
 
     async def open(self, slots: int, max_batch: int) -> None:
+        if self.spec.client == "raw":
+            self.raw = HttpClient(self.spec.url, self.headers, self.spec.timeout_s)
+            return
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -78,6 +89,11 @@ class GatewayTarget:
         return orjson.dumps(payload)
 
     async def call(self, slot: int, texts: list[str]) -> None:
+        if self.raw is not None:
+            status, data = await self.raw.post(slot, self.path, self.body(texts))
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
+            return
         assert self.session is not None, "open() first"
         async with self.session.post(self.url, data=self.body(texts), headers=self.headers) as resp:  # type: ignore[attr-defined]
             data = await resp.read()
@@ -85,6 +101,8 @@ class GatewayTarget:
                 raise RuntimeError(f"HTTP {resp.status}: {data[:200]!r}")
 
     async def close(self) -> None:
+        if self.raw is not None:
+            await self.raw.close()
         if self.session is not None:
             await self.session.close()  # type: ignore[attr-defined]
 

@@ -19,7 +19,8 @@
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
 # setting), NAME:VAR=VALUE[,VAR=VALUE] = this one with those variables (e.g. uv:GATEWAY_LOOP=uvloop; MPS=1 runs
 # Triton's step instances as clients of a CUDA MPS daemon: mps:MPS=1; PROCS=N in `ab`: bench7's load generator in N
-# client processes instead of 5, for the same stack; REPO=DIR in `ab`: that repository instead of the built one).
+# client processes instead of 5, for the same stack; CLIENT=raw in `ab`: its lean HTTP client; REPO=DIR in `ab`: that
+# repository instead of the built one).
 # Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
@@ -50,14 +51,15 @@ with_mps() {
   [ "$mps_on" = 1 ] && launch=(env TRITON_MPS=on TRITON_MPS_DIR="$MPS_DIR" python3 "$LAUNCHER")
   mps_vars_=(${kept[@]+"${kept[@]}"})
 }
-# PROCS=N in a run spec is bench7's --procs N (client processes, default 5), not a variable of the stack
+# PROCS=N in a run spec is bench7's --procs N (client processes, default 5), CLIENT=raw|aiohttp its --client (the load
+# generator's HTTP client); neither is a variable of the stack
 procs=()
 with_procs() {
   local -n procs_vars_=$1
   local kept=() v
   procs=()
   for v in ${procs_vars_[@]+"${procs_vars_[@]}"}; do
-    case "$v" in PROCS=*) procs=(--procs "${v#PROCS=}") ;; *) kept+=("$v") ;; esac
+    case "$v" in PROCS=*) procs+=(--procs "${v#PROCS=}") ;; CLIENT=*) procs+=(--client "${v#CLIENT=}") ;; *) kept+=("$v") ;; esac
   done
   procs_vars_=(${kept[@]+"${kept[@]}"})
 }

@@ -19,11 +19,13 @@ TEXTS = make_corpus(CorpusSpec(size=300))
 SHORT = StepSettings(duration_s=0.8, warmup_s=0.2, concurrency=4)  # plumbing, not figures: hundreds of calls
 
 
+@pytest.mark.parametrize("client", ["aiohttp", "raw"])
 @pytest.mark.parametrize("endpoint", ["classify", "embed", "openai"])
-def test_closed_loop_on_each_gateway_endpoint(lt_stack: Stack, endpoint: str) -> None:
+def test_closed_loop_on_each_gateway_endpoint(lt_stack: Stack, endpoint: str, client: str) -> None:
     assert lt_stack.gateway
     model = "fakecls" if endpoint == "classify" else "fakeemb"
-    result = run_step(endpoint, GatewaySpec(url=lt_stack.gateway.url, endpoint=endpoint, model=model), SHORT, TEXTS)
+    spec = GatewaySpec(url=lt_stack.gateway.url, endpoint=endpoint, model=model, client=client)  # type: ignore[arg-type]
+    result = run_step(endpoint, spec, SHORT, TEXTS)
     assert result.errors == 0, result.error_samples
     assert result.requests >= 10
     # the window is the requested duration, stretched to the last counted completion (never shorter)
@@ -58,11 +60,21 @@ def test_two_client_processes_merge(lt_stack: Stack) -> None:
     assert result.errors == 0 and result.requests >= 10 and result.settings.procs == 2
 
 
-def test_errors_are_counted_not_raised() -> None:
-    spec = GatewaySpec(url=f"http://127.0.0.1:{free_port()}", endpoint="embed")
+@pytest.mark.parametrize("client", ["aiohttp", "raw"])
+def test_errors_are_counted_not_raised(client: str) -> None:
+    spec = GatewaySpec(url=f"http://127.0.0.1:{free_port()}", endpoint="embed", client=client)  # type: ignore[arg-type]
     result = run_step("down", spec, StepSettings(duration_s=0.5, warmup_s=0, concurrency=2), TEXTS)
     assert result.requests == 0 and result.errors > 0
     assert result.error_samples
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "raw"])
+def test_an_error_answer_is_a_counted_error(lt_stack: Stack, client: str) -> None:
+    assert lt_stack.gateway
+    spec = GatewaySpec(url=lt_stack.gateway.url, endpoint="embed", model="no-such-model", client=client)  # type: ignore[arg-type]
+    result = run_step("404", spec, SHORT, TEXTS)
+    assert result.requests == 0 and result.errors > 0
+    assert all("RuntimeError: HTTP 404: " in sample for sample in result.error_samples), result.error_samples
 
 
 def test_cli_writes_json_table_and_plot(lt_stack: Stack, tmp_path: Path) -> None:
