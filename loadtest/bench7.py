@@ -8,7 +8,8 @@ On the GPU host (loadtest/device/README.md), same model shape, same corpus
   batch 256, Hugging Face SDPA fp16 on length-sorted batches of 256;
 - `infinity-emb` (when $INFINITY_PYTHON names a python with it): single-text `/embeddings`;
 - this stack through HTTP, the gateway with GATEWAY_PIPELINE=scheduler and, beside it, =ensemble:
-  single-text `/embed` at c=64 and c=256, 32-text requests at c=16, a single short text at c=1.
+  single-text `/embed` at c=64 and c=256, 32-text requests at c=16, a single short text at c=1,
+  from the load generator's lean client (`--client raw`: the client shares the host it measures).
 The repository is built with the builder (`--runtime python --device gpu`: the python-backend
 onnxruntime runner, fp16 graph, CUDA provider), served by the PyPI-wheel tritonserver.
 Every step reports texts/s, tokens/s (texts/s x the corpus' mean tokens per text), p50/p99 and
@@ -349,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tuned", default="", help="k=v,... GATEWAY_* settings of one more scheduler series, "
                    "'tuned', beside the shipped defaults (e.g. workers=6,max_batches_in_flight=1)")
     p.add_argument("--procs", type=int, default=5, help="client processes")
-    p.add_argument("--client", default="aiohttp", choices=["aiohttp", "raw"],
-                   help="the load generator's HTTP client (loadtest/http_client.py: raw)")
+    p.add_argument("--client", default="raw", choices=["raw", "aiohttp"],
+                   help="the load generator's HTTP client: raw (loadtest/http_client.py, a fraction of aiohttp's CPU "
+                        "per request on the host it measures: results/h100-20ab-client) or aiohttp (results before "
+                        "2026-11-28)")
     p.add_argument("--corpus-size", type=int, default=4000)
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
