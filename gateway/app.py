@@ -18,7 +18,7 @@ from gateway import tracing
 from gateway.api.direct import STATE_KEY as DIRECT_ROUTES
 from gateway.api.direct import DirectRoutes
 from gateway.api.errors import install_error_handlers
-from gateway.api.hot import HotRoute, HotRoutes, hot_routes
+from gateway.api.hot import HotRoute, HotRoutes, hot_routes, model_routes
 from gateway.api.middleware import (
     AccessLog,
     BodyLimit,
@@ -53,6 +53,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
     tracer_provider = tracing.configure(tracer_provider)
     in_flight = InFlight(settings.max_in_flight)  # counted by the ASGI layer and by the direct routes alike
     hot = hot_routes([api, vectors, cohere])
+    tei_hot = model_routes(tei)  # served by the direct routes only: under TeiErrorShape in the ASGI stack
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, DirectRoutes | None]]:
@@ -63,7 +64,7 @@ def create_app(settings: GatewaySettings | None = None, *, tracer_provider: Trac
         await runtime.start()
         # the lifespan state reaches the HTTP server's protocol (gateway/http_protocol.py), which serves the hot
         # routes itself with these; while tracing, every request goes through the ASGI stack (FastAPI's spans)
-        direct = (DirectRoutes(app, hot, in_flight, settings, in_flight_pause_s(settings))
+        direct = (DirectRoutes(app, hot, tei_hot, in_flight, settings, in_flight_pause_s(settings))
                   if settings.direct_routes and not tracing.enabled() else None)
         try:
             yield {DIRECT_ROUTES: direct}

@@ -27,8 +27,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from gateway.api.direct import STATE_KEY, DirectRoutes, Headers
-from gateway.api.hot import HotRoute
+from gateway.api.direct import STATE_KEY, DirectRoutes, Headers, Target
 
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
@@ -130,7 +129,7 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):
     """HttpToolsProtocol that sets TCP_NODELAY when a connection is made, serves the hot routes itself
     (`DirectRoutes`) and answers everything else through `OneWriteCycle`."""
 
-    _direct: tuple[HotRoute, list[bytes]] | None = None  # the route and body so far of a request served here
+    _direct: tuple[Target, list[bytes]] | None = None  # the route and body so far of a request served here
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         set_nodelay(transport)
@@ -141,10 +140,10 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):
         if (routes is not None and (self.cycle is None or self.cycle.response_complete)
                 and self.parser.get_method() == b"POST" and self.parser.get_http_version() == "1.1"
                 and not self.expect_100_continue and not self.parser.should_upgrade()):
-            entry = routes.route(self.url, self.headers)
-            if entry is not None:
+            target = routes.route(self.url, self.headers)
+            if target is not None:
                 self.cycle = DirectCycle(self.parser.should_keep_alive())  # type: ignore[assignment]
-                self._direct = (entry, [])
+                self._direct = (target, [])
                 return
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
@@ -161,15 +160,15 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):
         if self._direct is None:
             super().on_message_complete()
             return
-        (entry, chunks), self._direct = self._direct, None
+        (target, chunks), self._direct = self._direct, None
         cycle = self.cycle
         assert isinstance(cycle, DirectCycle)
-        task = self.loop.create_task(self._serve_direct(cycle, entry, self.headers, b"".join(chunks)))
+        task = self.loop.create_task(self._serve_direct(cycle, target, self.headers, b"".join(chunks)))
         cycle.task = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _serve_direct(self, cycle: DirectCycle, entry: HotRoute, headers: Headers, body: bytes) -> None:
+    async def _serve_direct(self, cycle: DirectCycle, target: Target, headers: Headers, body: bytes) -> None:
         routes: DirectRoutes = self.app_state[STATE_KEY]
 
         def write(status: int, response_headers: Headers, payload: bytes) -> None:
@@ -184,7 +183,7 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(b"".join(head))
 
         try:
-            await routes.serve(entry, headers, body, write, lambda: cycle.disconnected)
+            await routes.serve(target, headers, body, write, lambda: cycle.disconnected)
             await self.flow.drain()
         except BaseException:
             cycle.response_complete = True

@@ -4,8 +4,12 @@ cycle, no ASGI layers. What those layers do for such a request is done here in t
 
 request id -> (once answered) the access log and request metrics -> last resort (a logged 500) -> key check ->
 body limit (the protocol hands over only a body whose Content-Length is within the limit) -> in-flight bound ->
-shedding gate -> the hot route (JSON check, parse, validation, handler). A client that leaves before its answer has
-its request cancelled by the protocol and logged 499, as CancelOnDisconnect does.
+shedding gate -> the hot route (JSON check, parse, validation, handler) -> (under /tei/) TEI's error shape, as
+TeiErrorShape gives it (api/tei_errors.py). A client that leaves before its answer has its request cancelled by the
+protocol and logged 499, as CancelOnDisconnect does.
+
+The routes are the fixed-path ones of `hot_routes` and the POST routes of /tei/{model} (`model_routes` of api/tei.py's
+router; a target naming its model plainly: FastAPI's router matches the percent-decoded path).
 
 Why: on the H100 host the ASGI cycle and the layers above the hot route cost a quarter of a worker's CPU per
 single-text request, and serving single texts from the protocol served 1.26-1.32x the texts/s at 256 clients
@@ -16,14 +20,15 @@ span of a request is FastAPI's): every request then goes through the ASGI stack.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.responses import Response
 
 from gateway.api.errors import gateway_error_response
-from gateway.api.hot import HotRoute, respond
+from gateway.api.hot import HotRoute, bind, respond
 from gateway.api.middleware import (
     CLIENT_CLOSED_REQUEST,
     InFlight,
@@ -34,22 +39,35 @@ from gateway.api.middleware import (
     unhandled_error,
 )
 from gateway.api.shedding import inference_route, shedding_refusal
+from gateway.api.tei_errors import TEI_PREFIX, tei_error
+from gateway.service.registry import Task
 from gateway.settings import GatewaySettings
 
 STATE_KEY = "direct_routes"  # where the app's lifespan state hands the protocol its DirectRoutes (None: off)
 
 Headers = list[tuple[bytes, bytes]]
 Write = Callable[[int, Headers, bytes], None]  # (status, headers, body): the protocol writes the answer
+# /tei/NAME or /tei/NAME/SUFFIX: no '%' (the router matches the decoded path), query or fragment
+_TEI_TARGET = re.compile(rb"/tei/([^/%?#]+)(/[^/%?#]*)?")
+
+
+class Target(NamedTuple):
+    """A request the protocol hands over: its hot route, its path and its inference route (api/shedding.py)."""
+
+    entry: HotRoute
+    path: str
+    shed: tuple[str, Task | None, str | None] | None
 
 
 class DirectRoutes:
-    """The hot routes of one worker's app, for its HTTP protocol."""
+    """The hot routes of one worker's app, for its HTTP protocol: `routes` at fixed paths, `tei` (path after
+    /tei/{model} -> route) under each model's TEI base URL."""
 
-    def __init__(self, app: Any, routes: dict[str, HotRoute], in_flight: InFlight, settings: GatewaySettings,
-                 in_flight_pause_s: float) -> None:
+    def __init__(self, app: Any, routes: dict[str, HotRoute], tei: dict[str, HotRoute], in_flight: InFlight,
+                 settings: GatewaySettings, in_flight_pause_s: float) -> None:
         self.app = app  # the FastAPI app: handlers reach its state (services) through their Request
-        self.routes = {path.encode(): entry for path, entry in routes.items()}
-        self.shed_routes = {path: inference_route(path) for path in routes}
+        self.routes = {path.encode(): Target(entry, path, inference_route(path)) for path, entry in routes.items()}
+        self.tei = {suffix.encode(): entry for suffix, entry in tei.items()}
         self.in_flight = in_flight
         self.in_flight_pause_s = in_flight_pause_s
         self.api_keys, self.admin_keys = settings.api_keys, settings.admin_keys
@@ -58,12 +76,12 @@ class DirectRoutes:
         self.id_lookup = settings.request_id_header.lower().encode()
         self.id_name = settings.request_id_header.encode()
 
-    def route(self, target: bytes, headers: Headers) -> HotRoute | None:
+    def route(self, target: bytes, headers: Headers) -> Target | None:
         """The hot route of a POST to `target` (the raw request target) whose body can be read whole before it is
         served: one declared Content-Length within GATEWAY_MAX_BODY_BYTES, no Transfer-Encoding. None: the ASGI
         stack serves it (an unknown path, a query string, a body of unknown or too large a size)."""
-        entry = self.routes.get(target)
-        if entry is None:
+        found = self.routes.get(target) or self._tei_route(target)
+        if found is None:
             return None
         length = None
         for name, value in headers:
@@ -75,19 +93,28 @@ class DirectRoutes:
                 return None
         if length is None or not length.isdigit() or int(length) > self.max_body_bytes:
             return None
-        return entry
+        return found
 
-    async def serve(self, entry: HotRoute, headers: Headers, body: bytes, write: Write, gone: Callable[[], bool]) -> None:
+    def _tei_route(self, target: bytes) -> Target | None:
+        """A POST route of /tei/{model} (`tei`), its handler given the model the target names."""
+        match = _TEI_TARGET.fullmatch(target) if target.isascii() else None
+        entry = self.tei.get(match[2] or b"") if match else None
+        if match is None or entry is None:
+            return None
+        path = target.decode("ascii")
+        return Target(bind(entry, match[1].decode("ascii")), path, inference_route(path))
+
+    async def serve(self, target: Target, headers: Headers, body: bytes, write: Write,
+                    gone: Callable[[], bool]) -> None:
         """Answer one request through `write`, then count and log it. `gone()`: whether the client left (the
         protocol then cancels this call, and the request is logged 499 with no answer)."""
         start = time.perf_counter()
-        route = entry[0]
         state: dict[str, object] = {}
-        scope = {"type": "http", "method": "POST", "path": route.path, "headers": headers, "app": self.app,
-                 "state": state, "route": route}
+        scope = {"type": "http", "method": "POST", "path": target.path, "headers": headers, "app": self.app,
+                 "state": state, "route": target.entry[0]}
         rid = state["request_id"] = request_id(scope, self.id_lookup)
         try:
-            response = await self._respond(entry, scope, body)
+            response = await self._respond(target, scope, body)
         except asyncio.CancelledError:
             if not gone():
                 raise  # the server is shutting down: neither counted nor logged, as in the ASGI stack
@@ -96,20 +123,24 @@ class DirectRoutes:
             return
         except Exception:  # noqa: BLE001 - LastResort's answer
             response = unhandled_error(rid)
-        write(response.status_code, [*response.raw_headers, (self.id_name, rid.encode("ascii"))], bytes(response.body))
-        record(scope, state, response.status_code, time.perf_counter() - start)
+        status, answer = response.status_code, [*response.raw_headers, (self.id_name, rid.encode("ascii"))]
+        if status >= 400 and target.path.startswith(TEI_PREFIX):
+            write(*tei_error(status, answer, bytes(response.body)))
+        else:
+            write(status, answer, bytes(response.body))
+        # the gateway's own status, as AccessLog (inside TeiErrorShape) records it
+        record(scope, state, status, time.perf_counter() - start)
 
-    async def _respond(self, entry: HotRoute, scope: dict[str, Any], body: bytes) -> Response:
+    async def _respond(self, target: Target, scope: dict[str, Any], body: bytes) -> Response:
         denied = key_error(scope, self.api_keys, self.admin_keys)
         if denied is not None:
             return gateway_error_response(denied)
         if self.in_flight.full:
             return await too_many_in_flight(self.in_flight_pause_s)
         with self.in_flight:
-            shed = self.shed_routes[scope["path"]]
-            if shed is not None and (runtime := self.app.state.runtime).inference.shedding():
-                refusal = await shedding_refusal(runtime, shed, body, scope["state"], self.request_timeout_s,
+            if target.shed is not None and (runtime := self.app.state.runtime).inference.shedding():
+                refusal = await shedding_refusal(runtime, target.shed, body, scope["state"], self.request_timeout_s,
                                                  self.shed_pause_s)
                 if refusal is not None:
                     return gateway_error_response(refusal)
-            return await respond(entry, scope, body)
+            return await respond(target.entry, scope, body)

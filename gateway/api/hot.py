@@ -7,17 +7,21 @@ routing, dependency solving and per-request wrappers, which cost about a quarter
 per single-text request (loadtest/results). FastAPI keeps the same routes: they document the API
 (OpenAPI, /docs) and serve every other method. Errors are the ones FastAPI's path gives, word
 for word (api/errors.py formats both).
+
+`model_routes` makes the same of the POST routes under a model's path (api/tei.py's /tei/{model}/...), whose
+handlers take the model's name first; only api/direct.py serves those.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import typing
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import orjson
 from fastapi import APIRouter
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request, empty_receive
@@ -29,10 +33,10 @@ from gateway.api.routes import json_media_error
 from gateway import tracing
 from gateway.errors import GatewayError
 
-Handler = Callable[[Any, Request], Awaitable[Response]]
+Handler = Callable[..., Awaitable[Response]]  # (body, request), or (request) for a handler that reads its body
 
 
-HotRoute = tuple[APIRoute, type[BaseModel], Handler, bool]
+HotRoute = tuple[APIRoute, type[BaseModel] | None, Handler, bool]  # body model None: the handler reads the body
 
 
 def hot_routes(routers: Iterable[APIRouter]) -> dict[str, HotRoute]:
@@ -47,9 +51,36 @@ def hot_routes(routers: Iterable[APIRouter]) -> dict[str, HotRoute]:
             params = [name for name in hints if name != "return"]
             body = hints.get(params[0]) if params else None
             if len(params) == 2 and hints[params[1]] is Request and isinstance(body, type) and issubclass(body, BaseModel):
-                json_check = any(getattr(d.dependency, "__name__", "") == "require_json" for d in route.dependencies)
-                table[route.path] = (route, body, route.endpoint, json_check)
+                table[route.path] = (route, body, route.endpoint, _json_check(route))
     return table
+
+
+def model_routes(router: APIRouter) -> dict[str, HotRoute]:
+    """Path after the prefix (`/embed`, "" for the prefix itself) -> hot route of every POST route of a router at
+    `.../{model}`, whose handler takes (model, body, request), or (model, request) when it reads the body itself.
+    `bind` gives a request's handler its model."""
+    assert router.prefix.endswith("/{model}"), router.prefix
+    table: dict[str, HotRoute] = {}
+    for route in router.routes:
+        if not (isinstance(route, APIRoute) and route.methods == {"POST"} and [*route.param_convertors] == ["model"]):
+            continue
+        hints = typing.get_type_hints(route.endpoint)
+        params = [hints[name] for name in hints if name != "return"]
+        body = params[1] if len(params) == 3 else None
+        if (params[:1] == [str] and params[-1:] == [Request]
+                and (len(params) == 2 or isinstance(body, type) and issubclass(body, BaseModel))):
+            table[route.path.removeprefix(router.prefix)] = (route, body, route.endpoint, _json_check(route))
+    return table
+
+
+def bind(entry: HotRoute, model: str) -> HotRoute:
+    """A `model_routes` entry for a request naming `model` (passed as FastAPI passes the path parameter)."""
+    route, body, handler, json_check = entry
+    return route, body, functools.partial(handler, model), json_check
+
+
+def _json_check(route: APIRoute) -> bool:
+    return any(getattr(d.dependency, "__name__", "") == "require_json" for d in route.dependencies)
 
 
 class HotRoutes:
@@ -72,17 +103,28 @@ class HotRoutes:
 
 async def respond(entry: HotRoute, scope: Scope, body: bytes, receive: Receive = empty_receive) -> Response:
     """The answer of a hot route to a request (`scope`, whose route is set) with `body`: the JSON check, the
-    parse, the model's validation, the handler; a domain error as its response."""
+    parse, the model's validation, the handler; a domain error (or a handler's validation error) as its response."""
     _, model, handler, json_check = entry
     try:
         if json_check and (media := json_media_error(_content_type(scope))) is not None:
             raise media
+        if model is None:
+            return await handler(Request(scope, _replay(body)))
         parsed = _parse(body, model)
         if isinstance(parsed, BaseModel):
             return await handler(parsed, Request(scope, receive))
         return parsed
     except GatewayError as exc:
         return gateway_error_response(exc)
+    except RequestValidationError as exc:  # raised by a handler that validates its body itself, as FastAPI answers it
+        return validation_error_response(exc.errors())
+
+
+def _replay(body: bytes) -> Receive:
+    """A receive that gives the body read already (to `Request.body()`)."""
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+    return receive
 
 
 def _content_type(scope: Scope) -> str:

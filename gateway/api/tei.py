@@ -4,7 +4,9 @@ Clients written for TEI (huggingface_hub's InferenceClient, langchain-huggingfac
 TextEmbeddingsInference, plain HTTP) point their base URL here. Thin adapters: TEI's request is mapped to
 the same services /embed, /classify, /rerank, /tokenize and /decode use, and their answer written in TEI's
 shape (api/tei_schemas.py documents it, tests/gateway/test_response_models.py checks it). Errors get TEI's
-shape and status codes in api/tei_errors.py.
+shape and status codes in api/tei_errors.py. The POST routes are also served straight from the HTTP protocol
+(api/direct.py, by `hot.model_routes` of this router): a handler takes the model's name first, then its body
+model (or reads the body itself), then the request.
 
 TEI serves one model and routes `POST /` by its kind; here `POST /tei/{model}` does the same by the served
 model's task (`_COMPAT`). Not served: /embed_sparse (issue 23: it goes next to /embed below, with a `sparse`

@@ -2,12 +2,15 @@
 
 Every failure of the gateway (a route's domain error, a validation error, the request layers' 401/413/429,
 an unknown route) is answered in the gateway's one shape `{"error": {"type", "message"}}`. For a path
-under /tei/ this outermost ASGI wrapper turns that answer into TEI's: the gateway's error type picks TEI's
-status and `error_type` (TEI's six: Unhealthy, Backend, Overloaded, Validation, Tokenizer, Empty). Metrics
-and the access log keep the gateway's own status and type, one vocabulary over every protocol.
+under /tei/ `tei_error` turns that answer into TEI's: the gateway's error type picks TEI's status and
+`error_type` (TEI's six: Unhealthy, Backend, Overloaded, Validation, Tokenizer, Empty). `TeiErrorShape`, the
+outermost ASGI wrapper, applies it, and so do the direct routes (api/direct.py). Metrics and the access log
+keep the gateway's own status and type, one vocabulary over every protocol.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -70,6 +73,18 @@ def tei_body(body: bytes) -> tuple[int, bytes] | None:
     return code, orjson.dumps(TeiError(error=error["message"], error_type=error_type).model_dump())
 
 
+def tei_error(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
+              ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """An error answer under /tei/ as TEI's: status and body rewritten when the body is the gateway's error
+    shape (`tei_body`), and the Content-Length, set anew, last among the headers."""
+    rewritten = tei_body(body)
+    if rewritten is not None:
+        status, body = rewritten
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    kept.append((b"content-length", str(len(body)).encode()))
+    return status, kept, body
+
+
 class TeiErrorShape:
     """Pure-ASGI wrapper: error answers under /tei/ in TEI's shape; everything else passes untouched."""
 
@@ -94,12 +109,7 @@ class TeiErrorShape:
             body.extend(message.get("body", b""))
             if message.get("more_body", False):
                 return
-            status, payload = start["status"], bytes(body)
-            rewritten = tei_body(payload)
-            if rewritten is not None:
-                status, payload = rewritten
-            headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(len(payload)).encode()))
+            status, headers, payload = tei_error(start["status"], start.get("headers", ()), bytes(body))
             await send({**start, "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": payload})
 
