@@ -1,7 +1,7 @@
 """Two gateway revisions side by side on one tritonserver: is a change to the request path free?
 
     PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest ab-gateway --before REV [--rounds 8] [--out DIR]
-        [--before-setting KEY=VALUE ...] [--after-setting KEY=VALUE ...]
+        [--before-setting KEY=VALUE ...] [--after-setting KEY=VALUE ...] [--path /tei/bert/embed]
 
 A setting (a gateway setting's name, as GATEWAY_KEY) compares one revision against itself: `--before HEAD
 --after-setting loop=uvloop`.
@@ -12,7 +12,8 @@ worktree of REV, `after` this checkout. Each round times, for both gateways in t
 alternating): 200 sequential `/embed` calls of 1 text, 50 of 8 texts (latency), 2000 calls of
 1 text from 16 concurrent keep-alive connections (throughput, and the gateway's own CPU time per
 request: user + system of its processes), and 150 calls of 32 texts from 4 connections (CPU per request),
-on the realistic corpus (loadtest/corpus.py).
+on the realistic corpus (loadtest/corpus.py). `--path` times another route that takes `{"inputs": [...]}`
+(TEI's `/tei/bert/embed`).
 Prints medians over rounds and the after/before ratios; `--out` writes results.json + summary.md.
 """
 
@@ -42,20 +43,22 @@ CONCURRENT_CALLS = 2000
 BATCH_CALLS = 150  # of 32 texts, from 4 clients
 
 
-async def sequential(client: httpx.AsyncClient, texts: list[str], batch: int, calls: int) -> float:
-    """Median seconds of one /embed call of `batch` texts, calls one after the other."""
+async def sequential(client: httpx.AsyncClient, texts: list[str], batch: int, calls: int, path: str = "/embed"
+                     ) -> float:
+    """Median seconds of one `path` call of `batch` texts, calls one after the other."""
     times = []
     for i in range(calls):
         chunk = [texts[(i * batch + k) % len(texts)] for k in range(batch)]
         start = time.perf_counter()
-        response = await client.post("/embed", json={"inputs": chunk})
+        response = await client.post(path, json={"inputs": chunk})
         times.append(time.perf_counter() - start)
         response.raise_for_status()
     return statistics.median(times)
 
 
-async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch: int = 1) -> float:
-    """Requests per second of `calls` /embed calls of `batch` texts from `clients` concurrent keep-alive
+async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch: int = 1, path: str = "/embed"
+                     ) -> float:
+    """Requests per second of `calls` `path` calls of `batch` texts from `clients` concurrent keep-alive
     connections (the storm harness's lean raw-HTTP client: the load generator's own cost stays small)."""
     from loadtest.storm import Connection
 
@@ -66,7 +69,7 @@ async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch
     async def worker(connection: Connection) -> None:
         for i in queue:
             chunk = [texts[(i * batch + k) % len(texts)] for k in range(batch)]
-            status, _, body = await connection.post("/embed", orjson.dumps({"inputs": chunk}))
+            status, _, body = await connection.post(path, orjson.dumps({"inputs": chunk}))
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
 
@@ -90,7 +93,7 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int
+async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int, path: str = "/embed"
                   ) -> dict[str, dict[str, list[float]]]:
     results: dict[str, dict[str, list[float]]] = {
         label: {"1 text ms": [], "8 texts ms": [], "16 clients req/s": [], "gateway CPU us per 1-text request": [],
@@ -101,18 +104,18 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
             httpx.AsyncClient(base_url=urls["after"], limits=limits, timeout=60) as after:
         clients = {"before": before, "after": after}
         for label in LABELS:  # warm-up: connections, tokenizer, shapes
-            await concurrent(urls[label], texts, 16, 200)
+            await concurrent(urls[label], texts, 16, 200, path=path)
         for r in range(rounds):
             for label in (LABELS if r % 2 == 0 else LABELS[::-1]):
                 client, out = clients[label], results[label]
-                out["1 text ms"].append(await sequential(client, texts, 1, 200) * 1e3)
-                out["8 texts ms"].append(await sequential(client, texts, 8, 50) * 1e3)
+                out["1 text ms"].append(await sequential(client, texts, 1, 200, path) * 1e3)
+                out["8 texts ms"].append(await sequential(client, texts, 8, 50, path) * 1e3)
                 cpu = cpu_seconds(pids[label])
-                out["16 clients req/s"].append(await concurrent(urls[label], texts, 16, CONCURRENT_CALLS))
+                out["16 clients req/s"].append(await concurrent(urls[label], texts, 16, CONCURRENT_CALLS, path=path))
                 out["gateway CPU us per 1-text request"].append(
                     (cpu_seconds(pids[label]) - cpu) / CONCURRENT_CALLS * 1e6)
                 cpu = cpu_seconds(pids[label])
-                await concurrent(urls[label], texts, 4, BATCH_CALLS, batch=32)
+                await concurrent(urls[label], texts, 4, BATCH_CALLS, batch=32, path=path)
                 out["gateway CPU us per 32-text request"].append((cpu_seconds(pids[label]) - cpu) / BATCH_CALLS * 1e6)
     return results
 
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", required=True, help="git revision of the `before` gateway")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, help="directory for results.json and summary.md")
+    parser.add_argument("--path", default="/embed", help="the route timed: /embed, or TEI's /tei/bert/embed")
     for label in LABELS:
         parser.add_argument(f"--{label}-setting", action="append", default=[], metavar="KEY=VALUE",
                             help=f"a gateway setting of `{label}` (repeatable)")
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert before.process is not None and after.process is not None
                 results = asyncio.run(measure({"before": before.url, "after": after.url},
                                               {"before": before.process.pid, "after": after.process.pid},
-                                              texts, args.rounds))
+                                              texts, args.rounds, args.path))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO_ROOT, check=False)
     rows = ["| measure | before | after | after/before |", "| --- | --- | --- | --- |"]
@@ -156,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"| {measure_name} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
     table = "\n".join(rows)
     head = (f"before = {args.before} {extra['before'] or ''}, after = working tree {extra['after'] or ''}; "
+            f"POST {args.path}; "
             "small BERT embedder (--runtime python, CPU, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
             "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) "
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
-            {"before": args.before, "settings": extra, "rounds": args.rounds,
+            {"before": args.before, "settings": extra, "rounds": args.rounds, "path": args.path,
              "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
         (args.out / "summary.md").write_text(f"# Gateway A/B\n\n{head}\n\n{table}\n")
     return 0
