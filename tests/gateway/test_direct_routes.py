@@ -4,8 +4,8 @@ Two levels:
 - the protocol on its own, with a small hot route of the test's and a small ASGI app behind it (what reaches which,
   pipelining, a client that leaves, shutdown, errors, the in-flight bound), as a real uvicorn serves it over TCP;
 - the whole gateway against a real tritonserver, served by uvicorn in-process with the direct routes on and off:
-  the same requests get the same answers, access-log lines and request metrics, and with them on, no hot POST
-  reaches the ASGI stack.
+  the same requests (the gateway's own routes, and TEI's under /tei/{model} with every error kind in TEI's shape)
+  get the same answers, access-log lines and request metrics, and with them on, no hot POST reaches the ASGI stack.
 """
 
 from __future__ import annotations
