@@ -350,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tuned", default="", help="k=v,... GATEWAY_* settings of one more scheduler series, "
                    "'tuned', beside the shipped defaults (e.g. workers=6,max_batches_in_flight=1)")
     p.add_argument("--procs", type=int, default=5, help="client processes")
+    p.add_argument("--endpoint", default="embed", choices=["embed", "tei"],
+                   help="the stack's route: /embed, or the model's TEI route /tei/bench/embed")
     p.add_argument("--client", default="raw", choices=["raw", "aiohttp"],
                    help="the load generator's HTTP client: raw (loadtest/http_client.py, a fraction of aiohttp's CPU "
                         "per request on the host it measures: results/h100-20ab-client) or aiohttp (results before "
@@ -403,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                     assert gw.process is not None
                     profile = (gw.process.pid, work / f"profile-gateway-{label.replace(' ', '-')}.txt") \
                         if args.profile else None
-                    result, counters = http_steps(f"stack {label}", gw.url, "bench", "embed", corpus, args,
+                    result, counters = http_steps(f"stack {label}", gw.url, "bench", args.endpoint, corpus, args,
                                                   scheduler=pipeline == "scheduler", profile=profile)
                     steps += result
                     batching.update(counters)
@@ -433,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({alone['providers']})",
         "peers (texts/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()),
         f"gateway: workers {args.workers or 'default (auto)'}, settings {gateway_settings or 'defaults'}; "
-        f"{args.procs} client processes ({args.client} client); repository: the builder's defaults for --runtime python --formats onnx "
+        f"{args.procs} client processes ({args.client} client, {args.endpoint} route); repository: the builder's defaults for --runtime python --formats onnx "
         f"--device {args.device}, overrides: --max-batch-size {args.max_batch_size or '-'} --instances "
         f"{args.instances or '-'} --tokenizer-instances {args.tokenizer_instances or '-'} {' '.join(args.builder_arg)}",
         "tokens/s per step: " + ", ".join(f"{s.label} {s.items_per_s * tokens_per_text:.0f}" for s in steps),

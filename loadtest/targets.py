@@ -15,8 +15,10 @@ from pydantic import BaseModel, Field
 
 from loadtest.http_client import HttpClient
 
-Endpoint = Literal["classify", "embed", "openai"]
-PATHS: dict[str, str] = {"classify": "/classify", "embed": "/embed", "openai": "/v1/embeddings"}
+Endpoint = Literal["classify", "embed", "openai", "tei"]
+# tei: the model's text-embeddings-inference /embed (the path names the model; the body does not)
+PATHS: dict[str, str] = {"classify": "/classify", "embed": "/embed", "openai": "/v1/embeddings",
+                         "tei": "/tei/{model}/embed"}
 
 
 class Target(Protocol):
@@ -60,7 +62,7 @@ class GatewayTarget:
         self.spec = spec
         self.session: object | None = None
         self.raw: HttpClient | None = None
-        self.path = PATHS[spec.endpoint]
+        self.path = PATHS[spec.endpoint].format(model=spec.model)
         self.url = spec.url.rstrip("/") + self.path
         self.headers = {"content-type": "application/json"}
         if spec.api_key:
@@ -84,7 +86,7 @@ class GatewayTarget:
             payload = {"input": inputs}
         else:
             payload = {"inputs": inputs}
-        if self.spec.model:
+        if self.spec.model and self.spec.endpoint != "tei":
             payload["model"] = self.spec.model
         return orjson.dumps(payload)
 

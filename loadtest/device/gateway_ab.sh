@@ -52,14 +52,15 @@ with_mps() {
   mps_vars_=(${kept[@]+"${kept[@]}"})
 }
 # PROCS=N in a run spec is bench7's --procs N (client processes, default 5), CLIENT=raw|aiohttp its --client (the load
-# generator's HTTP client); neither is a variable of the stack
+# generator's HTTP client), ENDPOINT=embed|tei its --endpoint (the route); none is a variable of the stack
 procs=()
 with_procs() {
   local -n procs_vars_=$1
   local kept=() v
   procs=()
   for v in ${procs_vars_[@]+"${procs_vars_[@]}"}; do
-    case "$v" in PROCS=*) procs+=(--procs "${v#PROCS=}") ;; CLIENT=*) procs+=(--client "${v#CLIENT=}") ;; *) kept+=("$v") ;; esac
+    case "$v" in PROCS=*) procs+=(--procs "${v#PROCS=}") ;; CLIENT=*) procs+=(--client "${v#CLIENT=}") ;;
+      ENDPOINT=*) procs+=(--endpoint "${v#ENDPOINT=}") ;; *) kept+=("$v") ;; esac
   done
   procs_vars_=(${kept[@]+"${kept[@]}"})
 }

@@ -20,7 +20,7 @@ SHORT = StepSettings(duration_s=0.8, warmup_s=0.2, concurrency=4)  # plumbing, n
 
 
 @pytest.mark.parametrize("client", ["aiohttp", "raw"])
-@pytest.mark.parametrize("endpoint", ["classify", "embed", "openai"])
+@pytest.mark.parametrize("endpoint", ["classify", "embed", "openai", "tei"])
 def test_closed_loop_on_each_gateway_endpoint(lt_stack: Stack, endpoint: str, client: str) -> None:
     assert lt_stack.gateway
     model = "fakecls" if endpoint == "classify" else "fakeemb"
