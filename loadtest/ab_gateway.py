@@ -59,8 +59,8 @@ async def sequential(client: httpx.AsyncClient, texts: list[str], batch: int, ca
 async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch: int = 1, path: str = "/embed"
                      ) -> float:
     """Requests per second of `calls` `path` calls of `batch` texts from `clients` concurrent keep-alive
-    connections (the storm harness's lean raw-HTTP client: the load generator's own cost stays small)."""
-    from loadtest.storm import Connection
+    connections (loadtest/http_client.py's lean client: the load generator's own cost stays small)."""
+    from loadtest.http_client import Connection
 
     queue = iter(range(calls))
     connections = [Connection(url) for _ in range(clients)]

@@ -35,8 +35,8 @@ from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
 from loadtest.bench7 import SHORT_TEXT, step_alone_ms
 from loadtest.corpus import CorpusSpec, make_corpus
+from loadtest.http_client import Connection
 from loadtest.machine import describe_machine
-from loadtest.storm import Connection
 
 
 def reference(model_dir: Path, texts: list[str], max_len: int) -> np.ndarray:

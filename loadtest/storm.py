@@ -33,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 import numpy as np
 import orjson
+
+from loadtest.http_client import Connection
 
 Retry = Literal["honour", "ignore"]
 
@@ -109,54 +110,6 @@ class Checker:
         distances = np.linalg.norm(self.matrix - vector, axis=1)
         own = self.index[text]
         return bool(int(distances.argmin()) == own and np.allclose(vector, self.matrix[own], rtol=1e-3, atol=1e-4))
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads (status, Retry-After, body)."""
-
-    def __init__(self, base_url: str) -> None:
-        url = urlsplit(base_url)
-        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def connect(self) -> None:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-
-    async def post(self, path: str, body: bytes) -> tuple[int, float | None, bytes]:
-        try:
-            await self.connect()
-        except OSError:
-            raise ConnectionError("cannot connect") from None
-        assert self.reader is not None and self.writer is not None
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
-        try:
-            self.writer.write(head + body)
-            status_line = await self.reader.readline()
-            length, retry_after, close = 0, None, False
-            while (line := await self.reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                name = name.strip().lower()
-                if name == "content-length":
-                    length = int(value)
-                elif name == "retry-after":
-                    retry_after = float(value)
-                elif name == "connection" and value.strip().lower() == "close":
-                    close = True
-            data = await self.reader.readexactly(length) if length else b""
-            if close:
-                await self.close()
-            return int(status_line.split()[1]), retry_after, data
-        except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
-            await self.close()
-            raise ConnectionError("connection failed") from None
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
 
 
 def _embedding(data: bytes) -> np.ndarray:

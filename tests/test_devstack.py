@@ -189,6 +189,7 @@ def test_dead_triton_is_reported_and_stops_the_gateway(fake_repository: Path, tm
 # --- TritonServer leaves no python-backend regions in /dev/shm ---
 
 
+@pytest.mark.slow  # ~7 s of the default run for the dev harness' own hygiene: `scripts/test -m slow`
 def test_triton_server_unlinks_its_shm_regions(fake_repository: Path, tmp_path: Path) -> None:
     server = TritonServer(repository=fake_repository, log_path=tmp_path / "triton.log")
     other = TritonServer(repository=fake_repository)

@@ -152,6 +152,8 @@ def _node_id_shim(request: pytest.FixtureRequest) -> None:
         request.node._nodeid = request.node.nodeid
 
 
+# schemathesis' fuzzing, ~17 s: the slow suite (`scripts/test -m slow`); the schema checks above stay in the default run
+@pytest.mark.slow
 @schema.parametrize()
 @settings(
     max_examples=MAX_EXAMPLES,
@@ -175,6 +177,7 @@ def test_api_conforms_to_its_schema(case: schemathesis.Case, gateway: GatewayPro
     )
 
 
+@pytest.mark.slow  # reads what the fuzzing test saw
 def test_fuzzing_reached_answers_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     """The generated requests got real answers and real errors from every operation (not only 4xx)."""
     if not SEEN:

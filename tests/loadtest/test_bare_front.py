@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from devstack.tritonserver import REPO_ROOT
 
 PROBE = "import gateway.http_protocol as p; print(p.NoDelayHttpToolsProtocol.__name__)"
@@ -22,6 +24,7 @@ def protocol_class(mode: str | None) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.slow  # a GPU experiment's CPU smoke run (~2 s): `scripts/test -m slow`
 def test_the_protocol_is_replaced_only_when_asked() -> None:
     assert protocol_class("logged") == "BareEmbedProtocol"
     assert protocol_class(None) == "NoDelayHttpToolsProtocol"

@@ -1,5 +1,5 @@
-"""The load generator's lean HTTP client (loadtest/http_client.py) against small real servers: keep-alive, a server
-that closes, a body in several reads, an answer that is not HTTP, a server that never answers."""
+"""The load generators' lean HTTP client (loadtest/http_client.py) against small real servers: keep-alive, a server
+that closes, a body in several reads, Retry-After, an answer that is not HTTP, a server that never answers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from loadtest.http_client import HttpClient
+from devstack.tritonserver import free_port
+from loadtest.http_client import Connection
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -19,14 +20,11 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(length)
 
 
-async def _serve(handler: Handler, work: Callable[[HttpClient], Awaitable[object]], timeout_s: float = 5.0) -> object:
+async def _serve(handler: Handler, work: Callable[[str], Awaitable[object]]) -> object:
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = HttpClient(f"http://127.0.0.1:{port}", {"content-type": "application/json"}, timeout_s)
     try:
-        return await work(client)
+        return await work(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     finally:
-        await client.close()
         server.close()
 
 
@@ -56,32 +54,42 @@ def test_keep_alive_reconnects_after_close_and_reads_split_bodies() -> None:
                 writer.close()
                 return
 
-    async def work(client: HttpClient) -> list[tuple[int, bytes]]:
-        return [await client.post(0, "/embed", b'{"n": %d}' % i) for i in range(5)]
+    async def work(url: str) -> list[tuple[int, float | None, bytes]]:
+        connection = Connection(url)
+        try:
+            return [await connection.post("/embed", b'{"n": %d}' % i) for i in range(5)]
+        finally:
+            await connection.close()
 
     answers = asyncio.run(_serve(handler, work))
-    assert answers == [(200, b'echo:{"n": %d}' % i) for i in range(5)]
-    assert connections == 3  # 2 + 2 + 1 requests: the client opened a new connection after each close
+    assert answers == [(200, None, b'echo:{"n": %d}' % i) for i in range(5)]
+    assert connections == 3  # 2 + 2 + 1 requests: a new connection after each close
 
 
-def test_slots_have_their_own_connections() -> None:
-    peers: set[int] = set()
+def test_headers_and_retry_after() -> None:
+    heads: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peers.add(writer.get_extra_info("peername")[1])
         while True:
             try:
-                await _read_request(reader)
+                head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError:
                 return
-            writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}")
+            heads.append(head)
+            await reader.readexactly(2)
+            retry = b"retry-after: 1.5\r\n" if len(heads) == 1 else b"Retry-After: Wed, 21 Oct 2026 07:28:00 GMT\r\n"
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\n%scontent-length: 2\r\n\r\n{}" % retry)
             await writer.drain()
 
-    async def work(client: HttpClient) -> list[tuple[int, bytes]]:
-        return list(await asyncio.gather(*(client.post(slot, "/embed", b"{}") for slot in range(3) for _ in range(1))))
+    async def work(url: str) -> list[tuple[int, float | None, bytes]]:
+        connection = Connection(url, {"authorization": "Bearer k"})
+        try:
+            return [await connection.post("/embed", b"{}") for _ in range(2)]
+        finally:
+            await connection.close()
 
-    assert asyncio.run(_serve(handler, work)) == [(404, b"{}")] * 3
-    assert len(peers) == 3
+    assert asyncio.run(_serve(handler, work)) == [(503, 1.5, b"{}"), (503, None, b"{}")]
+    assert b"authorization: Bearer k\r\n" in heads[0] and b"content-type: application/json\r\n" in heads[0]
 
 
 @pytest.mark.parametrize("answer", [b"not http at all\r\n\r\n", b""])
@@ -92,11 +100,16 @@ def test_a_broken_answer_raises(answer: bytes) -> None:
         await writer.drain()
         writer.close()
 
-    async def work(client: HttpClient) -> object:
-        return await client.post(0, "/embed", b"{}")
+    async def work(url: str) -> object:
+        return await Connection(url).post("/embed", b"{}")
 
     with pytest.raises(ConnectionError):
         asyncio.run(_serve(handler, work))
+
+
+def test_no_server_is_a_connection_error() -> None:
+    with pytest.raises(ConnectionError, match="cannot connect"):
+        asyncio.run(Connection(f"http://127.0.0.1:{free_port()}").post("/embed", b"{}"))
 
 
 def test_a_server_that_never_answers_times_out() -> None:
@@ -104,8 +117,8 @@ def test_a_server_that_never_answers_times_out() -> None:
         await _read_request(reader)
         await reader.read()  # until the client gives up and closes
 
-    async def work(client: HttpClient) -> object:
-        return await client.post(0, "/embed", b"{}")
+    async def work(url: str) -> object:
+        return await Connection(url, timeout_s=0.2).post("/embed", b"{}")
 
     with pytest.raises(TimeoutError):
-        asyncio.run(_serve(handler, work, timeout_s=0.2))
+        asyncio.run(_serve(handler, work))

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from devstack.tritonserver import REPO_ROOT
 
 PROBE = """
@@ -35,6 +37,7 @@ def run(tax: str | None) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.slow  # a GPU experiment's CPU smoke run (~2 s): `scripts/test -m slow`
 def test_the_tax_is_burnt_on_hot_routes_only_and_only_when_asked() -> None:
     assert run("50000") == "taxed True True"  # 50 ms of CPU on /embed, none on a path the hot routes do not serve
     assert run(None).startswith("__call__ ")

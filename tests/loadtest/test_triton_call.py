@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from devstack.tritonserver import REPO_ROOT
 from loadtest.experiments import triton_call
 
 
+@pytest.mark.slow  # a GPU experiment's CPU smoke run (~2 s): `scripts/test -m slow`
 def test_both_clients_are_timed_at_every_concurrency_in_every_round(tmp_path: Path, capsys) -> None:
     before = tmp_path / "client.py"  # the form the GPU host takes (no history there): a copy of a client.py
     before.write_text((REPO_ROOT / "gateway" / "triton" / "client.py").read_text())
