@@ -131,6 +131,7 @@ async def test_an_idle_stack_admits_a_large_request_after_single_texts_and_a_bur
         assert backlog.pending == 0 and backlog.service.calls > 0 and not backlog.shedding
 
 
+@pytest.mark.slow  # it waits what Retry-After says, ~10 s: `scripts/test -m slow` (test_admission.py checks the value)
 @pytest.mark.anyio
 async def test_a_client_that_waits_what_retry_after_says_is_served(
     storm_triton: TritonServer, storm_repository: Path

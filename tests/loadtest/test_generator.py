@@ -53,6 +53,7 @@ def test_open_loop_holds_the_offered_rate(lt_stack: Stack) -> None:
     assert 60 <= result.requests <= 200, "Poisson arrivals at 60/s over 2 s"
 
 
+@pytest.mark.slow  # spawns client processes, ~2 s: `scripts/test -m slow`
 def test_two_client_processes_merge(lt_stack: Stack) -> None:
     assert lt_stack.gateway
     spec = GatewaySpec(url=lt_stack.gateway.url, endpoint="embed", model="fakeemb")
@@ -76,6 +77,7 @@ def test_an_error_answer_is_a_counted_error(lt_stack: Stack) -> None:
     assert all("RuntimeError: HTTP 404: " in sample for sample in result.error_samples), result.error_samples
 
 
+@pytest.mark.slow  # the CLI's report and matplotlib plot, ~5 s: `scripts/test -m slow`
 def test_cli_writes_json_table_and_plot(lt_stack: Stack, tmp_path: Path) -> None:
     assert lt_stack.gateway
     rc = cli_main(["gateway", "--url", lt_stack.gateway.url, "--endpoint", "embed", "--endpoint", "openai",
