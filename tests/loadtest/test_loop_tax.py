@@ -3,13 +3,9 @@ first; without it, nothing is patched."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from devstack.tritonserver import REPO_ROOT
+from tests.fixtures.experiments import probe_with_experiment
 
 PROBE = """
 import asyncio, time
@@ -28,13 +24,7 @@ print(hot.HotRoutes.__call__.__name__, asyncio.run(timed("/embed")) > 0.04, asyn
 
 
 def run(tax: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "LOOP_TAX_US"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "loadtest/experiments/loop_tax"), str(REPO_ROOT)])
-    if tax is not None:
-        env["LOOP_TAX_US"] = tax
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-                         check=True)
-    return out.stdout.strip()
+    return probe_with_experiment("loop_tax", "LOOP_TAX_US", tax, PROBE)
 
 
 @pytest.mark.slow  # a GPU experiment's CPU smoke run (~2 s): `scripts/test -m slow`
