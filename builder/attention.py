@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
@@ -46,7 +46,7 @@ def padding_mask(mask: torch.Tensor) -> Iterator[None]:
 
 def window_bias(length: torch.Tensor | int, window: int, dtype: torch.dtype) -> torch.Tensor:
     """[1, 1, S, S] additive bias: 0 where |i - j| <= window, MASK_FILTER elsewhere."""
-    index = torch.arange(length)
+    index = torch.arange(length)  # type: ignore[arg-type]  # a 0-d tensor while tracing: the length stays dynamic
     distance = (index.unsqueeze(0) - index.unsqueeze(1)).abs()
     zero = torch.zeros((), dtype=dtype)
     return torch.where(distance <= window, zero, zero + MASK_FILTER).unsqueeze(0).unsqueeze(0)
@@ -99,13 +99,20 @@ class _WindowedMultiHeadAttention(torch.autograd.Function):
                     attention_bias, num_heads_i=num_heads, scale_f=scale, mask_filter_value_f=MASK_FILTER)
 
 
-def ort_mha_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+class _AttentionModule(Protocol):
+    """What the interface reads of transformers' attention module."""
+
+    config: Any
+    head_dim: int
+
+
+def ort_mha_attention(module: _AttentionModule, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None,
                       sliding_window: int | None = None, **_: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: q, k, v [B, H, S, D] (rotated) -> ([B, S, H, D], None)."""
     if not _padding:
         raise RuntimeError(f"attn_implementation={ATTENTION!r} runs inside builder.attention.padding_mask() only")
-    batch, _, length, _ = query.shape
+    batch, length = query.shape[0], query.shape[2]
     # plain ints, not sizes read from traced tensors (the tracer cannot pass those to an autograd.Function)
     heads, dim = int(module.config.num_attention_heads), int(module.head_dim)
     mask = _padding[-1].to(torch.int32)

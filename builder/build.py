@@ -33,7 +33,7 @@ from builder.manifest import (
     write_manifest,
 )
 from builder.optimize import FUSED_OPS, onnx_op_counts, optimize_for_onnxruntime, publish_onnx, save_onnx
-from builder.packing import PACKED_FAMILIES, PackingError, cpu_form, packed_model, position_offset
+from builder.packing import PACKED_FAMILIES, PackedForm, PackingError, cpu_form, packed_model, position_offset
 from builder.parity import ParityResult, compare, packed_parity_inputs, parity_inputs, real_tokens, torch_references
 from builder.publish import publish, staging_directory
 from builder.settings import (
@@ -434,7 +434,7 @@ def _pack_graph(planned: PlannedBuild, path: Path, config: PretrainedConfig, log
     """Rewrite the optimized graph at `path` into the packed layout's (builder/packing.py): the GPU form on GPU
     builds, the CPU form on CPU builds. A graph the rewrite does not know is a build error."""
     s = planned.settings
-    form = "gpu" if s.device == "gpu" else "cpu"
+    form: PackedForm = "gpu" if s.device == "gpu" else "cpu"
     with _step(log, f"{s.name}: rewriting the graph into the packed layout ({form} form)"):
         try:
             model = packed_model(onnx.load(str(path)), task=s.task, pooling=s.pooling,

@@ -40,8 +40,8 @@ def check_task_options(request: BuildRequest, task: Task) -> None:
     for option, value in embed_only.items():
         if value is not None and task != "embed":
             raise UsageError(f"{request.name}: {option} is for --task embed only, not {task}")
-    for option, value in {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name}.items():
-        if value is not None and task not in ("embed", "sparse-embed"):
+    for option, given in {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name}.items():
+        if given is not None and task not in ("embed", "sparse-embed"):
             raise UsageError(f"{request.name}: {option} is for --task embed or sparse-embed only, not {task}")
     if request.pooling is not None and task == "sparse-embed":
         raise UsageError(f"{request.name}: --pooling is for --task embed; sparse-embed pools as its SpladePooling says")

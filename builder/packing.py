@@ -50,6 +50,8 @@ from builder.graph_edit import (
 from contract import CU_SEQLENS, INPUT_IDS, POSITION_IDS, ROW_IDS, TOKEN_OFFSET, TOKEN_ROWS, TOKEN_TYPE_IDS
 
 PackedForm = Literal["gpu", "cpu"]
+# the embedding table a Gather feeds, by the graph input it reads (anything else: the position table)
+_EMBEDDING_KINDS: dict[str | None, str] = {INPUT_IDS: "word", TOKEN_TYPE_IDS: "type"}
 GPU_ATTENTION = "PackedMultiHeadAttention"  # what the builder ships (FlashAttention varlen on SM90)
 CPU_ATTENTION = "MultiHeadAttention"
 # fused attention -> its packed op (packing mode) -> where that op reads token_offset. The builder fuses
@@ -96,8 +98,9 @@ def merge_qkv(packed: onnx.ModelProto) -> onnx.ModelProto:
     inits = {i.name: i for i in g.initializer}
     w = NodeWriter(g, "qkv/")
     for node in [n for n in g.node if n.op_type == GPU_ATTENTION]:
-        projections = [made_by.get(name) for name in node.input[:3]]
-        if any(p is None or p.op_type != "MatMul" or p.input[1] not in inits for p in projections):
+        found = [made_by.get(name) for name in node.input[:3]]
+        projections = [p for p in found if p is not None and p.op_type == "MatMul" and p.input[1] in inits]
+        if len(projections) != 3:
             continue
         if len({p.input[0] for p in projections}) != 1 or any(len(consumers(g, p.output[0])) != 1 for p in projections):
             continue
@@ -342,8 +345,7 @@ def _rewire_embeddings(g: onnx.GraphProto, w: NodeWriter, hidden: str, positions
                 continue
             seen.add(id(parent))
             if parent.op_type == "Gather" and parent.input[0] in inits:
-                kind = {INPUT_IDS: "word", TOKEN_TYPE_IDS: "type"}.get(_source_input(made_by, parent.input[1],
-                                                                                     old_inputs), "position")
+                kind = _EMBEDDING_KINDS.get(_source_input(made_by, parent.input[1], old_inputs), "position")
                 if kind in tables:
                     raise PackingError(f"two {kind} embedding tables feed the embedding LayerNorm")
                 tables[kind] = parent

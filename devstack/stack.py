@@ -45,8 +45,11 @@ class LocalStack:
         logs = self.log_dir
         if logs:
             logs.mkdir(parents=True, exist_ok=True)
+        ports = self.triton_ports
         self.triton = TritonServer(
-            repository=self.repository, log_path=logs / "tritonserver.log" if logs else None, **self.triton_ports
+            repository=self.repository, log_path=logs / "tritonserver.log" if logs else None,
+            http_port=ports.get("http_port") or free_port(), grpc_port=ports.get("grpc_port") or free_port(),
+            metrics_port=ports.get("metrics_port") or free_port(),
         ).start()
         try:
             self.gateway = GatewayProcess(

@@ -159,8 +159,8 @@ def record(scope: Scope, state: dict[str, object], status: int, elapsed: float) 
     if path not in PROBE_PATHS:
         REQUESTS.labels(path, model, str(status)).inc()
         REQUEST_LATENCY.labels(path, model).observe(elapsed)
-        if "inputs" in state:
-            INPUTS_PER_REQUEST.labels(path).observe(state["inputs"])
+        if isinstance(inputs := state.get("inputs"), int):
+            INPUTS_PER_REQUEST.labels(path).observe(inputs)
     log.info(
         "request",
         extra={

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.errors import gateway_error_response
 from gateway.errors import GatewayError
-from gateway.service.registry import Task
+from gateway.service.registry import Backend, Task
 
 if TYPE_CHECKING:
     from gateway.service.runtime import Runtime
@@ -57,7 +57,10 @@ def inference_route(path: str) -> tuple[str, Task | None, str | None] | None:
     return None
 
 
-def _fields(body: bytes) -> tuple[str | None, str | None] | None:
+_BACKENDS: dict[str, Backend] = {"onnx": "onnx", "trt": "trt"}
+
+
+def _fields(body: bytes) -> tuple[str | None, Backend | None] | None:
     """(model, backend) of a JSON object body; None when it is not one (the route will say why)."""
     try:
         data = orjson.loads(body)
@@ -66,7 +69,7 @@ def _fields(body: bytes) -> tuple[str | None, str | None] | None:
     if not isinstance(data, dict):
         return None
     model, backend = data.get("model"), data.get("backend")
-    return (model if isinstance(model, str) else None, backend if backend in ("onnx", "trt") else None)
+    return (model if isinstance(model, str) else None, _BACKENDS.get(backend) if isinstance(backend, str) else None)
 
 
 class SheddingGate:

@@ -46,7 +46,7 @@ async def classify(
 ) -> tuple[list[dict[str, Any]], int]:
     """Predictions for `inputs` in order, and the billed token count; `raw_scores`: the logits, not the softmax."""
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-    return predictions(model.labels, result.outputs if raw_scores else softmax(result.outputs)), result.tokens
+    return predictions(model.labels, result.rows if raw_scores else softmax(result.rows)), result.tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,7 @@ async def embed(
     """Embeddings [n, dim] float32 in input order, and the billed token count. `dimensions` (checked
     by check_dimensions) keeps the first components; normalization comes after it."""
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-    vectors = result.outputs if dimensions is None else result.outputs[:, :dimensions]
+    vectors = result.rows if dimensions is None else result.rows[:, :dimensions]
     if model.normalize if normalize is None else normalize:
         vectors = l2_normalize(vectors)
     return np.ascontiguousarray(vectors, dtype=np.float32), result.tokens

@@ -40,7 +40,7 @@ from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
 from gateway.service.in_flight import InFlightLimit
 from gateway.service.registry import Backend, Endpoint, ServedModel
-from gateway.service.scheduler import BatchPolicy, BatchScheduler
+from gateway.service.scheduler import BatchPolicy, BatchScheduler, Outputs
 from gateway.service.tokenization import (
     TokenizerQueue,
     TokenizerUnavailable,
@@ -106,10 +106,25 @@ def _characters(inputs: Inputs) -> int:
 class BatchResult:
     """Model outputs for every input, in input order, and the billed token count."""
 
-    outputs: np.ndarray  # [n, width] float32; a per-token output: a list of [tokens_i, ...] arrays
+    outputs: Outputs  # [n, width] float32; a per-token output: a list of [tokens_i, ...] arrays
     num_tokens: np.ndarray  # [n] int32, before truncation
     tokens: int  # sum of min(num_tokens, max_seq_len)
     ids: list[np.ndarray] | None = None  # the token ids each text ran with (scheduler pipeline)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The outputs as one [n, width] array: a pooled output's (embeddings, logits, scores)."""
+        if not isinstance(self.outputs, np.ndarray):
+            raise TypeError("a per-token output has no [n, width] rows: use per_text")
+        return self.outputs
+
+    @property
+    def per_text(self) -> list[np.ndarray]:
+        """The outputs text by text: a per-token output's [tokens_i, ...] array for each text."""
+        texts = [output for output in self.outputs if output is not None]
+        if len(texts) != len(self.outputs):
+            raise RuntimeError("a text's output is missing")
+        return texts
 
 
 @dataclass

@@ -64,4 +64,4 @@ class MultiVectorService(Service):
         inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction)
         result = await self.within_deadline(lambda deadline: self.inference.run(
             served, inputs, truncate=truncate, backend=backend, deadline=deadline, output=output))
-        return TokenVectors(served.name, [vectors[spec.first:] for vectors in result.outputs], result.tokens)
+        return TokenVectors(served.name, [vectors[spec.first:] for vectors in result.per_text], result.tokens)

@@ -31,7 +31,7 @@ async def rerank(
     """The relevance score of every text to `query`, in input order, and the billed token count."""
     inputs = Inputs([query] * len(texts), texts, direction)
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-    return relevance(model, result.outputs, raw_scores), result.tokens
+    return relevance(model, result.rows, raw_scores), result.tokens
 
 
 def ranking(scores: np.ndarray, top_n: int | None = None) -> list[int]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import itertools
 import logging
 import time
@@ -54,6 +55,8 @@ log = logging.getLogger("gateway.scheduler")
 
 # (named int32 input tensors, rows, deadline) -> outputs [rows, width_out] float32
 RunBatch = Callable[[dict[str, np.ndarray], int, float], Awaitable[np.ndarray]]
+# what a caller gets: [n, width] float32, or per token (`per_token`) one [tokens_i, ...] array per text
+Outputs = np.ndarray | list[np.ndarray | None]
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ class _Caller:
 
     __slots__ = ("future", "outputs", "remaining", "deadline", "batches", "trace", "rows", "on_gone")
 
-    def __init__(self, future: asyncio.Future[np.ndarray], outputs: np.ndarray | list[np.ndarray | None],
+    def __init__(self, future: asyncio.Future[Outputs], outputs: Outputs,
                  deadline: float, on_gone: Callable[[list[_Row]], None]) -> None:
         self.future = future
         self.outputs = outputs
@@ -152,7 +155,7 @@ class _Caller:
         self.on_gone = on_gone
         future.add_done_callback(self._done)
 
-    def _done(self, future: asyncio.Future[np.ndarray]) -> None:
+    def _done(self, future: asyncio.Future[Outputs]) -> None:
         queued = [row for row in self.rows if row.state == _QUEUED]
         for row in queued:
             row.state = _DROPPED
@@ -201,14 +204,14 @@ class BatchScheduler:
         """Rows waiting for a batch."""
         return self._queued
 
-    async def submit(self, encoded: EncodedTexts, deadline: float, counted: bool = False) -> np.ndarray:
+    async def submit(self, encoded: EncodedTexts, deadline: float, counted: bool = False) -> Outputs:
         """Outputs [n, width] float32 of the tokenized texts, in order, served before `deadline`
         (time.monotonic()) or cancelled with the caller. Admission (`backlog.check`) is the caller's;
         `counted`: the caller has counted the texts' tokens and rows into the backlog already."""
         if not counted:
             self.backlog.add(sum(len(ids) for ids in encoded.ids), len(encoded))
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        outputs: np.ndarray | list[np.ndarray | None] = (
+        future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
+        outputs: Outputs = (
             [None] * len(encoded) if self.per_token else np.empty((len(encoded), self.width), dtype=np.float32))
         caller = _Caller(future, outputs, deadline, self._dropped)
         caller.trace = tracing.queued(self.name, len(encoded), future)
@@ -249,7 +252,7 @@ class BatchScheduler:
             batch.task = task
             self._tasks.add(task)
             # bookkeeping in a callback, not a `finally`: a task cancelled before it started runs no code
-            task.add_done_callback(lambda done, m=members, t=tokens, b=batch: self._batch_done(done, m, t, b))
+            task.add_done_callback(functools.partial(self._batch_done, batch=members, tokens=tokens, handle=batch))
         return sent
 
     def _next_batch(self) -> tuple[list[_Row], int]:

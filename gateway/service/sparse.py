@@ -77,11 +77,11 @@ async def embed_sparse(
     """One sparse vector per input, in input order, and the billed token count."""
     if check_sparse(model) == "splade":
         result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-        return from_rows(result.outputs), result.tokens
+        return from_rows(result.rows), result.tokens
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline,
                                  output=TOKEN_WEIGHTS)
     assert result.ids is not None  # per-token outputs run on the scheduler pipeline, which knows the ids
-    vectors = [from_token_weights(ids, weights, model.sparse_skip_ids) for ids, weights in zip(result.ids, result.outputs)]
+    vectors = [from_token_weights(ids, weights, model.sparse_skip_ids) for ids, weights in zip(result.ids, result.per_text)]
     return vectors, result.tokens
 
 

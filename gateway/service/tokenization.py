@@ -126,7 +126,7 @@ class TokenizerQueue:
         self._busy = True
         asyncio.get_running_loop().create_task(self._run(jobs))
 
-    async def _run(self, jobs: list[_Job]) -> None:
+    async def _run(self, jobs: list[_Job | _Call]) -> None:
         try:
             groups: dict[tuple[bool, str], list[_Job]] = {}
             for job in jobs:  # one encode_batch per kind: texts or pairs, truncation direction

@@ -141,7 +141,10 @@ class SystemRegion(Region):
             stale.unlink()
             self.handle = shm.create_shared_memory_region(self.name, self.name, layout.byte_size, create_only=True)
         self._mapping = mpshm.SharedMemory(self.name)  # the same segment, mapped by this process for its copies
-        self.buffer: memoryview = self._mapping.buf  # a live view: copy what must outlive the lease
+        buffer = self._mapping.buf
+        if buffer is None:  # only a closed mapping has none
+            raise RuntimeError(f"shm segment {self.name} could not be mapped")
+        self.buffer: memoryview = buffer  # a live view: copy what must outlive the lease
 
     def write(self, name: str, data: bytes | np.ndarray) -> int:
         raw = _host_bytes(data)
@@ -234,7 +237,7 @@ class CudaRegion(Region):
         return host.nbytes
 
     def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-        out = np.empty(shape, dtype)
+        out: np.ndarray = np.empty(shape, dtype)
         offset = self._slot(name, out.nbytes)
         if out.nbytes:
             self._copy(out.ctypes.data, self._base + offset, out.nbytes,
