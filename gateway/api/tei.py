@@ -9,9 +9,10 @@ shape and status codes in api/tei_errors.py. The POST routes are also served str
 model (or reads the body itself), then the request.
 
 TEI serves one model and routes `POST /` by its kind; here `POST /tei/{model}` does the same by the served
-model's task (`_COMPAT`). Not served: /embed_sparse (issue 23: it goes next to /embed below, with a `sparse`
-entry in `_COMPAT` for SPLADE models), /embed_all, /similarity, /vertex and TEI's own /v1/embeddings (the
-gateway's /v1/embeddings serves every model).
+model's task (`_COMPAT`): an embedding model also answers TEI's similarity body there (huggingface_hub's
+`sentence_similarity` posts it to the base URL; TEI itself does so only with TASK=sentence-similarity), a SPLADE
+model answers /embed_sparse. Not served: /vertex and TEI's own /v1/embeddings and /embeddings (the gateway's
+/v1/embeddings serves every model, named in `model`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from contract import Task, TruncationDirection
+from contract import TOKEN_EMBEDDINGS, Task, TruncationDirection
 from gateway.api.responses import OrjsonResponse
 from gateway.api.routes import require_json, services, texts_of
 from gateway.api.tei_schemas import (
@@ -33,10 +34,14 @@ from gateway.api.tei_schemas import (
     TeiClassifierType,
     TeiDecodeRequest,
     TeiDecodeResponse,
+    TeiEmbedAllRequest,
+    TeiEmbedAllResponse,
     TeiEmbeddingModel,
     TeiEmbeddingType,
     TeiEmbedRequest,
     TeiEmbedResponse,
+    TeiEmbedSparseRequest,
+    TeiEmbedSparseResponse,
     TeiError,
     TeiInfo,
     TeiPredictRequest,
@@ -44,9 +49,13 @@ from gateway.api.tei_schemas import (
     TeiRerankerType,
     TeiRerankRequest,
     TeiRerankResponse,
+    TeiSimilarityParameters,
+    TeiSimilarityRequest,
+    TeiSimilarityResponse,
     TeiTokenizeRequest,
     TeiTokenizeResponse,
 )
+from gateway.api.vectors import sparse_json
 from gateway.errors import ErrorType, invalid
 from gateway.metrics import TOKENS
 from gateway.service.prompts import Prompt
@@ -108,6 +117,61 @@ async def tei_embed_route(model: ModelName, body: TeiEmbedRequest, request: Requ
     """TEI `/embed`: one vector per input, as a bare array (also for a single text)."""
     tasks, served = await _served(request, model, "embed")
     return await _embed(request, tasks, served, body)
+
+
+# --- sparse and per-token vectors, similarity ------------------------------------------------------
+async def _embed_sparse(request: Request, tasks: Services, model: ServedModel, body: TeiEmbedSparseRequest) -> Response:
+    texts = texts_of(body.inputs)
+    _not_empty(texts, "inputs")
+    result = await tasks.sparse.embed_sparse(
+        request.state, model.name, texts, prompt_name=body.prompt_name, truncate=body.truncate is not False,
+        direction=_direction(body.truncation_direction))
+    _count_tokens(request, model, result.tokens)
+    return OrjsonResponse(sparse_json(result.vectors))
+
+
+@tei.post("/embed_sparse", response_class=OrjsonResponse, responses={200: {"model": TeiEmbedSparseResponse}})
+async def tei_embed_sparse_route(model: ModelName, body: TeiEmbedSparseRequest, request: Request) -> Response:
+    """TEI `/embed_sparse`: per input, its non-zero {index, value} pairs, ascending index (SPLADE models, and
+    bge-m3-style lexical weights); 424 for a model without a sparse output."""
+    tasks, served = await _served(request, model)
+    return await _embed_sparse(request, tasks, served, body)
+
+
+@tei.post("/embed_all", response_class=OrjsonResponse, responses={200: {"model": TeiEmbedAllResponse}})
+async def tei_embed_all_route(model: ModelName, body: TeiEmbedAllRequest, request: Request) -> Response:
+    """TEI `/embed_all`: per input, the last hidden state of every token of its truncated encoding (special tokens
+    included, not normalized); 424 for a model built without per-token outputs."""
+    texts = texts_of(body.inputs)
+    _not_empty(texts, "inputs")
+    tasks, served = await _served(request, model)
+    result = await tasks.multi_vector.embed_tokens(
+        request.state, TOKEN_EMBEDDINGS, served.name, texts, prompt_name=body.prompt_name,
+        truncate=body.truncate is not False, direction=_direction(body.truncation_direction))
+    _count_tokens(request, served, result.tokens)
+    return OrjsonResponse(result.vectors)
+
+
+async def _similarity(request: Request, tasks: Services, model: ServedModel, body: TeiSimilarityRequest) -> Response:
+    if not body.inputs.sentences:
+        raise invalid("`inputs.sentences` cannot be empty", type=ErrorType.EMPTY_INPUT)
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    _not_empty(texts, "inputs")
+    p = body.parameters or TeiSimilarityParameters()
+    truncate = p.truncate is not False
+    result = await tasks.embed.embed(
+        request.state, model, texts, prompt=Prompt(p.prompt_name), normalize=True, truncate=truncate,
+        direction=_direction(p.truncation_direction), cut=truncate)
+    _count_tokens(request, model, result.tokens)
+    return OrjsonResponse(result.vectors[1:] @ result.vectors[0])  # unit vectors: the dot product is the cosine
+
+
+@tei.post("/similarity", response_class=OrjsonResponse, responses={200: {"model": TeiSimilarityResponse}})
+async def tei_similarity_route(model: ModelName, body: TeiSimilarityRequest, request: Request) -> Response:
+    """TEI `/similarity` (embedding models): the cosine similarity of `inputs.source_sentence` with each of
+    `inputs.sentences`, in order."""
+    tasks, served = await _served(request, model, "embed")
+    return await _similarity(request, tasks, served, body)
 
 
 # --- predict ---------------------------------------------------------------------------------------
@@ -178,28 +242,38 @@ async def _predict_compat(request: Request, tasks: Services, model: ServedModel,
     return await _predict(request, tasks, model, body, nested=body.parameters is not None)
 
 
-_COMPAT: dict[str, tuple[type[BaseModel], Handler]] = {
-    "embed": (TeiEmbedRequest, _embed),
-    "classify": (TeiPredictRequest, _predict_compat),
-    "rerank": (TeiRerankRequest, _rerank),
+# per task, the bodies POST /tei/{model} takes, tried in order (the first one's errors are the answer's)
+_COMPAT: dict[str, tuple[tuple[type[BaseModel], Handler], ...]] = {
+    "embed": ((TeiEmbedRequest, _embed), (TeiSimilarityRequest, _similarity)),
+    "sparse-embed": ((TeiEmbedSparseRequest, _embed_sparse),),
+    "classify": ((TeiPredictRequest, _predict_compat),),
+    "rerank": ((TeiRerankRequest, _rerank),),
 }
-_COMPAT_BODY = {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"} for m, _ in _COMPAT.values()]}
+_COMPAT_BODY = {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
+                          for bodies in _COMPAT.values() for m, _ in bodies]}
 
 
 @tei.post("", response_class=OrjsonResponse,
           openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _COMPAT_BODY}}}},
-          responses={200: {"model": TeiEmbedResponse | TeiPredictResponse | TeiRerankResponse}})
+          responses={200: {"model": TeiEmbedResponse | TeiSimilarityResponse | TeiEmbedSparseResponse
+                                    | TeiPredictResponse | TeiRerankResponse}})
 async def tei_compat_route(model: ModelName, request: Request) -> Response:
-    """TEI's `POST /`: `/embed` for an embedding model, `/predict` for a classifier, `/rerank` for a reranker.
-    For a classifier, `{"inputs": str, "parameters": {...}}` (huggingface_hub's `text_classification`) is
-    answered as the Hugging Face Inference API does, `[[{label, score}, ...]]`."""
+    """TEI's `POST /`: `/embed` for an embedding model (`/similarity` when `inputs` is
+    `{source_sentence, sentences}`), `/embed_sparse` for a SPLADE model, `/predict` for a classifier, `/rerank` for
+    a reranker. For a classifier, `{"inputs": str, "parameters": {...}}` (huggingface_hub's `text_classification`)
+    is answered as the Hugging Face Inference API does, `[[{label, score}, ...]]`."""
     tasks, served = await _served(request, model)
-    schema, handler = _COMPAT[served.task]
-    try:
-        body = schema.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False)) from None
-    return await handler(request, tasks, served, body)
+    raw = await request.body()
+    first: ValidationError | None = None
+    for schema, handler in _COMPAT[served.task]:
+        try:
+            body = schema.model_validate_json(raw)
+        except ValidationError as exc:
+            first = first or exc
+            continue
+        return await handler(request, tasks, served, body)
+    assert first is not None  # every task has at least one body
+    raise RequestValidationError(first.errors(include_url=False)) from None
 
 
 # --- tokenize, decode ------------------------------------------------------------------------------
@@ -235,6 +309,8 @@ def _info(s: GatewaySettings, model: ServedModel) -> TeiInfo:
     if model.task == "embed":
         pooling = TEI_POOLING.get(model.pooling, model.pooling)
         model_type = TeiEmbeddingType(embedding=TeiEmbeddingModel(pooling=pooling))
+    elif model.task == "sparse-embed":  # TEI serves SPLADE as an embedding model with splade pooling
+        model_type = TeiEmbeddingType(embedding=TeiEmbeddingModel(pooling="splade"))
     elif model.task == "classify":
         model_type = TeiClassifierType(classifier=labels)
     else:

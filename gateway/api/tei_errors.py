@@ -31,7 +31,7 @@ _BY_KIND: dict[ErrorKind, tuple[int, TeiErrorType]] = {
     ErrorKind.METHOD_NOT_ALLOWED: (405, "Validation"),
     ErrorKind.TOO_LARGE: (413, "Validation"),
     ErrorKind.UNSUPPORTED_MEDIA: (415, "Validation"),
-    ErrorKind.UNSUPPORTED_OUTPUT: (424, "Validation"),
+    ErrorKind.UNSUPPORTED_OUTPUT: (424, "Backend"),  # TEI: "Model is not an embedding model with SPLADE pooling"
     ErrorKind.RATE_LIMITED: (429, "Overloaded"),
     ErrorKind.INTERNAL: (500, "Backend"),
     ErrorKind.NOT_IMPLEMENTED: (501, "Backend"),

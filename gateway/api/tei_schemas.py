@@ -95,6 +95,40 @@ class TeiRerankRequest(_TeiRequest):
     return_text: bool = Field(False, description="Repeat each text in its result.", examples=[True])
 
 
+class TeiEmbedSparseRequest(_TeiRequest):
+    """`POST /tei/{model}/embed_sparse`, and `POST /tei/{model}` for a SPLADE model."""
+
+    inputs: Texts
+    truncate: Truncate = None
+    truncation_direction: Direction = "right"
+    prompt_name: PromptName = None
+
+
+class TeiEmbedAllRequest(TeiEmbedSparseRequest):
+    """`POST /tei/{model}/embed_all`."""
+
+
+class TeiSimilarityInput(_TeiRequest):
+    source_sentence: str = Field(description="The text the others are compared with.",
+                                 examples=["What is Deep Learning?"])
+    sentences: list[str] = Field(description="The texts compared with it (an empty list: 400 `Empty`).",
+                                 examples=[["What is Machine Learning?"]])
+
+
+class TeiSimilarityParameters(_TeiRequest):
+    truncate: Truncate = None
+    truncation_direction: Direction = "right"
+    prompt_name: PromptName = None
+
+
+class TeiSimilarityRequest(_TeiRequest):
+    """`POST /tei/{model}/similarity`, and `POST /tei/{model}` for an embedding model when `inputs` is an object
+    (huggingface_hub's `sentence_similarity`)."""
+
+    inputs: TeiSimilarityInput
+    parameters: TeiSimilarityParameters | None = None
+
+
 class TeiTokenizeRequest(_TeiRequest):
     """`POST /tei/{model}/tokenize`."""
 
@@ -114,6 +148,23 @@ class TeiDecodeRequest(_TeiRequest):
 
 class TeiEmbedResponse(RootModel[FloatMatrix]):
     """One vector per input, also for a single text."""
+
+
+class TeiSparseValue(_TeiResponse):
+    index: int = Field(description="A vocabulary id.", examples=[2003])
+    value: float = Field(examples=[0.71])
+
+
+class TeiEmbedSparseResponse(RootModel[list[list[TeiSparseValue]]]):
+    """One list per input of its non-zero values, ascending index."""
+
+
+class TeiEmbedAllResponse(RootModel[list[FloatMatrix]]):
+    """Per input, the last hidden state of every token of its (truncated) encoding, special tokens included."""
+
+
+class TeiSimilarityResponse(RootModel[list[float]]):
+    """The cosine similarity of `source_sentence` with each of `sentences`, in order."""
 
 
 class TeiPrediction(_TeiResponse):
@@ -144,7 +195,7 @@ class TeiDecodeResponse(RootModel[list[str]]):
 
 
 class TeiEmbeddingModel(_TeiResponse):
-    pooling: str = Field(description="cls, mean or last_token.", examples=["mean"])
+    pooling: str = Field(description="cls, mean, last_token, or splade for a SPLADE model.", examples=["mean"])
 
 
 class TeiClassifierModel(_TeiResponse):

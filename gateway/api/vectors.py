@@ -11,6 +11,7 @@ from gateway.api.responses import OrjsonResponse
 from gateway.api.routes import _ERRORS, require_json, services, texts_of
 from gateway.api.schemas import EmbedAllRequest, EmbedSparseRequest, SparseValue
 from gateway.metrics import TOKENS
+from gateway.service.sparse import SparseVector
 
 vectors = APIRouter(dependencies=[Depends(require_json)], responses={**_ERRORS, 424: _ERRORS[404]})
 
@@ -24,8 +25,13 @@ async def embed_sparse_route(body: EmbedSparseRequest, request: Request) -> Resp
         request.state, body.model, texts_of(body.inputs), prompt_name=body.prompt_name, truncate=body.truncate,
         direction=body.truncation_direction, backend=body.backend)
     TOKENS.labels("/embed_sparse", result.model).inc(result.tokens)
-    return OrjsonResponse([[{"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist())]
-                           for indices, values in result.vectors])
+    return OrjsonResponse(sparse_json(result.vectors))
+
+
+def sparse_json(vectors: list[SparseVector]) -> list[list[dict[str, int | float]]]:
+    """TEI's sparse shape: per input, its non-zero values as [{index, value}, ...] (also /tei/{model}/embed_sparse)."""
+    return [[{"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist())]
+            for indices, values in vectors]
 
 
 async def _per_token(request: Request, body: EmbedAllRequest, output: str, route: str) -> Response:

@@ -439,6 +439,10 @@ TEI_REQUESTS: Battery = [
     ("rerank", "/tei/reranker/rerank", {"json": {"query": "what is it", "texts": ["a thing", "this"],
                                                  "return_text": True}, "headers": KEY}),
     ("compat embed", "/tei/st", {"json": {"inputs": "hello"}, "headers": KEY}),
+    ("similarity", "/tei/st/similarity", {"json": {"inputs": {"source_sentence": "q", "sentences": ["a", "b"]}},
+                                          "headers": KEY}),
+    ("compat similarity", "/tei/st", {"json": {"inputs": {"source_sentence": "q", "sentences": ["a"]}},
+                                      "headers": KEY}),
     ("compat predict, the hub's parameters", "/tei/nli", {"json": {"inputs": ["a", "b"], "parameters": {}},
                                                           "headers": KEY}),
     ("compat rerank", "/tei/reranker", {"json": {"query": "q", "texts": ["a", "b"]}, "headers": KEY}),
@@ -450,6 +454,10 @@ TEI_REQUESTS: Battery = [
     ("unknown model", "/tei/nope/embed", {"json": {"inputs": "x"}, "headers": KEY}),
     ("compat unknown model", "/tei/nope", {"json": {"inputs": "x"}, "headers": KEY}),
     ("wrong task", "/tei/st/rerank", {"json": {"query": "q", "texts": ["a"]}, "headers": KEY}),
+    ("no sparse output", "/tei/st/embed_sparse", {"json": {"inputs": "x"}, "headers": KEY}),
+    ("no per-token output", "/tei/nli/embed_all", {"json": {"inputs": "x"}, "headers": KEY}),
+    ("empty sentences", "/tei/st/similarity", {"json": {"inputs": {"source_sentence": "q", "sentences": []}},
+                                               "headers": KEY}),
     ("bad json", "/tei/st/embed", {"content": b"{nope", "headers": JSON}),
     ("compat bad json", "/tei/st", {"content": b"{nope", "headers": JSON}),
     ("invalid field", "/tei/st/embed", {"json": {"inputs": "x", "normalize": "yes"}, "headers": KEY}),
@@ -471,13 +479,14 @@ TEI_REQUESTS: Battery = [
     ("chunked", "/tei/st/embed", {"content": [b'{"inputs": ', b'"x"}'], "headers": JSON}),
     ("percent-encoded name", "/tei/s%74/embed", {"json": {"inputs": "x"}, "headers": KEY}),
     ("trailing slash", "/tei/st/embed/", {"json": {"inputs": "x"}, "headers": KEY}),
-    ("no such route", "/tei/st/embed_sparse", {"json": {"inputs": "x"}, "headers": KEY}),
+    ("no such route", "/tei/st/vertex", {"json": {"inputs": "x"}, "headers": KEY}),
     # while the model sheds load
     ("shedding", "/tei/st/embed", {"json": {"inputs": "x"}, "headers": KEY}),
     ("compat shedding", "/tei/st", {"json": {"inputs": "x"}, "headers": KEY}),
     ("tokenize while shedding", "/tei/st/tokenize", {"json": {"inputs": "x"}, "headers": KEY}),
 ]
 TEI_STATUS = {"no key": 401, "wrong key": 401, "unknown model": 404, "compat unknown model": 404, "wrong task": 424,
+              "no sparse output": 424, "no per-token output": 424, "empty sentences": 400,
               "bad json": 400, "compat bad json": 400, "invalid field": 422, "compat invalid field": 422,
               "text/plain": 415, "compat text/plain": 415, "no content type": 415, "empty inputs": 400,
               "empty text": 400, "empty texts": 400, "empty ids": 400, "unknown prompt": 422, "too long": 422,
@@ -546,7 +555,7 @@ async def test_tei_routes_answer_log_and_count_the_same_with_the_direct_routes_o
     assert _total(on.growth, "gateway_tokens_total", route="/tei/{model}/embed", model="st") > 0
     # With them on, only what they leave to the stack reaches it: a body over the limit, a query string, a body of
     # no declared size, a percent-encoded target, and paths that are no POST route of /tei/{model}.
-    assert on.seen == ["/tei/st/embed"] * 4 + ["/tei/st/embed/", "/tei/st/embed_sparse"]
+    assert on.seen == ["/tei/st/embed"] * 4 + ["/tei/st/embed/", "/tei/st/vertex"]
     assert len(runs[False].seen) == len(TEI_REQUESTS)
 
 

@@ -55,6 +55,9 @@ OPERATIONS = {
     "POST /admin/models/{name}/unload",
     "POST /tei/{model}",
     "POST /tei/{model}/embed",
+    "POST /tei/{model}/embed_sparse",
+    "POST /tei/{model}/embed_all",
+    "POST /tei/{model}/similarity",
     "POST /tei/{model}/predict",
     "POST /tei/{model}/rerank",
     "POST /tei/{model}/tokenize",
@@ -75,7 +78,8 @@ ADMIN = {label for label in OPERATIONS if " /admin/" in label}
 NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /decode", "GET /v1/models/{model_id}",
                    *ADMIN, "POST /tei/{model}/predict", "POST /tei/{model}/rerank", "POST /tei/{model}/tokenize",
                    "POST /tei/{model}/decode", "POST /v2/rerank",
-                   "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector"}
+                   "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector",
+                   "POST /tei/{model}/embed_sparse", "POST /tei/{model}/embed_all"}  # the fake embedder: 424
 MAX_EXAMPLES = 30  # per operation and generation mode, on top of the schema's examples and the coverage phase (50 took
 # ~11 s of the 5-minute default run; the coverage phase already sends every documented edge case)
 # Every error type a 4xx may carry: the gateway's ErrorType of a 4xx kind (gateway/README.md's error table documents
@@ -86,7 +90,7 @@ CONFIG = {
     "seed": 20261123,
     # the TEI routes that can answer the fake embedder get it as {model}; tokenize and decode (501 for it,
     # a 5xx) and the rest keep generated names, as /tokenize and /decode do
-    "operations": [{"include-path-regex": r"^/tei/\{model\}(/embed|/predict|/rerank|/info|/health)?$",
+    "operations": [{"include-path-regex": r"^/tei/\{model\}(/embed|/embed_sparse|/embed_all|/similarity|/predict|/rerank|/info|/health)?$",
                     "parameters": {"path.model": TEI_MODEL}}],
     "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "deterministic": True},
     "phases": {

@@ -203,6 +203,34 @@ async def test_embed_all_equals_last_hidden_state(client: httpx.AsyncClient, mod
             assert _cosines(got, want).min() >= 0.9999
 
 
+def _same_sparse(got: list[list[dict[str, float]]], want: list[list[dict[str, float]]]) -> None:
+    assert [[i["index"] for i in row] for row in got] == [[i["index"] for i in row] for row in want]
+    np.testing.assert_allclose([i["value"] for row in got for i in row], [i["value"] for row in want for i in row],
+                               rtol=1e-5, atol=1e-6)
+
+
+async def test_tei_routes_serve_sparse_and_per_token_vectors(client: httpx.AsyncClient) -> None:
+    """TEI's /embed_sparse and /embed_all under a model's base URL answer what the gateway's own routes do (checked
+    against their oracles above); TEI's POST / of a SPLADE model is /embed_sparse, and /info says so."""
+    texts = [*SHORT, CJK[0]]
+    for name in ("splade5", "m3"):  # SPLADE rows, bge-m3's lexical weights
+        want = await _post(client, "/embed_sparse", {"model": name, "inputs": texts})
+        _same_sparse(await _post(client, f"/tei/{name}/embed_sparse", {"inputs": texts}), want)
+    _same_sparse(await _post(client, "/tei/splade5", {"inputs": texts}),
+                 await _post(client, "/embed_sparse", {"model": "splade5", "inputs": texts}))
+    want = await _post(client, "/embed_all", {"model": "e5", "inputs": texts})
+    got = await _post(client, "/tei/e5/embed_all", {"inputs": texts, "truncation_direction": "Right"})
+    assert [len(row) for row in got] == [len(row) for row in want]
+    for got_row, want_row in zip(got, want):
+        assert _cosines(got_row, want_row).min() >= 0.99999
+    info = (await client.get("/tei/splade5/info")).json()
+    assert info["model_type"] == {"embedding": {"pooling": "splade"}}
+    for path in ("/tei/e5/embed_sparse", "/tei/splade5/embed_all"):
+        response = await client.post(path, json={"inputs": ["hello"]})
+        assert response.status_code == 424, (path, response.text)
+        assert response.json()["error_type"] == "Backend"
+
+
 async def test_outputs_a_model_lacks_are_424(client: httpx.AsyncClient) -> None:
     for route, name in (("/embed_sparse", "e5"), ("/embed_multi_vector", "e5"), ("/embed_all", "splade5"),
                         ("/embed_sparse", "mb")):

@@ -101,6 +101,19 @@ def test_huggingface_hub_feature_extraction(url: str, st: SentenceTransformer) -
     assert unauthorized.value.response.status_code == 401
 
 
+def test_huggingface_hub_sentence_similarity(url: str, st: SentenceTransformer) -> None:
+    """huggingface_hub posts the similarity body to the base URL (POST /tei/{model}); /similarity is TEI's route."""
+    client = InferenceClient(base_url=f"{url}/tei/st", api_key=KEY)
+    got = client.sentence_similarity(QUERY, other_sentences=DOCS)
+    want = st.similarity(st.encode([QUERY]), st.encode(DOCS))[0].numpy()  # the default prompt, as TEI's /embed
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.argmax(got) != np.argmin(got)  # the texts are not all alike to it
+    body = {"inputs": {"source_sentence": QUERY, "sentences": DOCS}, "parameters": {"prompt_name": "query"}}
+    queried = post(url, "/tei/st/similarity", body).json()
+    want = st.similarity(st.encode([QUERY], prompt_name="query"), st.encode(DOCS, prompt_name="query"))[0].numpy()
+    np.testing.assert_allclose(queried, want, atol=1e-5)
+
+
 def test_huggingface_hub_text_classification(triton_server: TritonServer, python_repository: Path,
                                              tiny_classifier_dir: Path) -> None:
     texts = ["the film was great", "bad food and slow service"]
@@ -294,7 +307,13 @@ def test_tei_tokenize_decode_info_and_health(url: str, peer_models: dict[str, Pa
         ("/tei/st/embed", {"inputs": ["x"] * 2049}, AUTH, 422, "Validation"),
         ("/tei/st/embed", {"inputs": "x"}, {}, 401, "Validation"),  # the middleware's own errors too:
         ("/tei/st/embed", {"inputs": "x" * 3 * 1024 * 1024}, AUTH, 413, "Validation"),  # over the body limit
-        ("/tei/st/embed_sparse", {"inputs": "x"}, AUTH, 404, "Validation"),
+        ("/tei/st/embed_sparse", {"inputs": "x"}, AUTH, 424, "Backend"),  # no sparse output
+        ("/tei/nli/embed_all", {"inputs": "x"}, AUTH, 424, "Backend"),  # a classifier: no per-token outputs
+        ("/tei/st/similarity", {"inputs": {"source_sentence": "q", "sentences": []}}, AUTH, 400, "Empty"),
+        ("/tei/st/similarity", {"inputs": {"source_sentence": "", "sentences": ["a"]}}, AUTH, 400, "Empty"),
+        ("/tei/reranker/similarity", {"inputs": {"source_sentence": "q", "sentences": ["a"]}}, AUTH, 424, "Backend"),
+        ("/tei/st", {"inputs": {"source_sentence": "q"}}, AUTH, 422, "Validation"),
+        ("/tei/st/vertex", {"inputs": "x"}, AUTH, 404, "Validation"),
     ],
 )
 def test_tei_errors_have_tei_shape(url: str, path: str, body: Any, headers: dict[str, str], status: int,
@@ -309,6 +328,8 @@ def test_tei_errors_have_tei_shape(url: str, path: str, body: Any, headers: dict
 def test_openapi_documents_the_new_bodies_with_examples() -> None:
     schemas = create_app(GatewaySettings()).openapi()["components"]["schemas"]
     for name in ("TeiEmbedRequest", "TeiPredictRequest", "TeiRerankRequest", "TeiTokenizeRequest", "TeiDecodeRequest",
+                 "TeiEmbedSparseRequest", "TeiEmbedAllRequest", "TeiSimilarityInput", "TeiSimilarityParameters",
+                 "TeiSparseValue",
                  "TeiInfo", "TeiRank", "TeiPrediction", "TeiError", "CohereEmbedV2Request", "CohereEmbeddings",
                  "CohereRerankV2Request", "CohereRerankV2Result", "CohereEmbedV2Response", "CohereRerankV2Response"):
         for field, value in schemas[name]["properties"].items():

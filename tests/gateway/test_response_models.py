@@ -95,8 +95,17 @@ CASES: dict[tuple[str, str], list[Case]] = {
                                                  "top_n": 1})],
     ("POST", "/tei/{model}"): [Case("/tei/st", {"inputs": "hello"}), Case("/tei/nli", {"inputs": [PAIR]}),
                                Case("/tei/nli", {"inputs": [PAIR], "parameters": {}}),
-                               Case("/tei/reranker", {"query": "q", "texts": ["a", "b"]})],
+                               Case("/tei/reranker", {"query": "q", "texts": ["a", "b"]}),
+                               Case("/tei/st", {"inputs": {"source_sentence": "q", "sentences": ["a", "b"]}}),
+                               Case("/tei/splade5", {"inputs": ["deep learning"]}, "issue23")],
     ("POST", "/tei/{model}/embed"): [Case("/tei/st/embed", {"inputs": ["hello", "world"], "normalize": False})],
+    ("POST", "/tei/{model}/embed_sparse"): [Case(f"/tei/{name}/embed_sparse", {"inputs": ["deep learning"]},
+                                                 "issue23") for name in ("m3", "splade5")],
+    ("POST", "/tei/{model}/embed_all"): [Case("/tei/m3/embed_all", {"inputs": "deep learning"}, "issue23")],
+    ("POST", "/tei/{model}/similarity"): [
+        Case("/tei/st/similarity", {"inputs": {"source_sentence": "q", "sentences": ["a", "b"]}}),
+        Case("/tei/st/similarity", {"inputs": {"source_sentence": "q", "sentences": ["a"]},
+                                    "parameters": {"prompt_name": "query", "truncate": True}})],
     ("POST", "/tei/{model}/predict"): [Case("/tei/nli/predict", {"inputs": PAIR}),
                                        Case("/tei/nli/predict", {"inputs": [PAIR, PAIR], "raw_scores": True})],
     ("POST", "/tei/{model}/rerank"): [Case("/tei/reranker/rerank", {"query": "q", "texts": ["a", "b"]}),
@@ -104,7 +113,8 @@ CASES: dict[tuple[str, str], list[Case]] = {
                                                                     "return_text": True})],
     ("POST", "/tei/{model}/tokenize"): [Case("/tei/st/tokenize", {"inputs": "hello world"})],
     ("POST", "/tei/{model}/decode"): [Case("/tei/st/decode", {"ids": [[2, 5, 6, 3]]})],
-    ("GET", "/tei/{model}/info"): [Case(f"/tei/{name}/info") for name in ("st", "nli", "reranker")],
+    ("GET", "/tei/{model}/info"): [Case(f"/tei/{name}/info") for name in ("st", "nli", "reranker")]
+    + [Case("/tei/splade5/info", gateway="issue23")],
     ("GET", "/admin/models"): [Case("/admin/models", headers=ADMIN)],
     ("GET", "/admin/models/{name}"): [Case("/admin/models/nlirank", headers=ADMIN)],
     # in this order: the family is served again at the end
