@@ -13,7 +13,8 @@
 #   bash loadtest/device/gateway_ab.sh spy      # py-spy (Python frames, not blocking) of SPY_WORKERS of this
 #                                               # gateway's workers during STEP, with host_cpu beside it
 #   bash loadtest/device/gateway_ab.sh final N  # bench7 (peers, scheduler, ensemble), this gateway (MPS=1: Triton
-#                                               # as a CUDA MPS daemon's client, the peers not)
+#                                               # as a CUDA MPS daemon's client, the peers not; TUNED=workers=12:
+#                                               # one more scheduler series with those settings, bench7's --tuned)
 #
 # RUNS (default "old new pool"): old = BEFORE's gateway, new = this one, pool = this one with
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that

@@ -10,6 +10,9 @@
 #                                            # PARTS=scheduler,ensemble for both pipelines; Triton's log is kept;
 #                                            # step_variants.sh's copies: GRAPH_AB_WORK=/tmp/i20g CODES='new nog')
 #   bash loadtest/device/graph_ab.sh final N # bench7 (peers, scheduler, ensemble) on this builder's repository
+#                                            # (TUNED=k=v,...: bench7's --tuned, one more scheduler series with
+#                                            # those GATEWAY_* settings beside the shipped defaults, e.g.
+#                                            # TUNED=workers=12)
 #   bash loadtest/device/graph_ab.sh cpu     # cores per process group and GPU utilization during two bench7 steps
 #
 # Both repositories are served by this checkout's gateway; the runner and the graph travel in the repository,
@@ -79,7 +82,7 @@ PY
     ;;
   final)
     python3 -m loadtest bench7 --name "$NAME-final${2:-1}" --parts peers,scheduler,ensemble \
-      --repository "$REPO" --work "$W/bench" --out "$OUT/results"
+      --repository "$REPO" --work "$W/bench" --out "$OUT/results" ${TUNED:+--tuned "$TUNED"}
     ;;
   *)
     echo "usage: graph_ab.sh build|step|ab|cpu|final [N]" >&2; exit 2 ;;

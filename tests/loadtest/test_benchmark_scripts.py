@@ -53,9 +53,14 @@ def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: 
     run_loadtest("bench7", "--name", "t", "--shape", "tiny", "--device", "cpu", "--parts", "scheduler",
                "--steps", "single text c=64,short text c=1", "--duration", "1.5", "--warmup", "0.5", "--procs", "1",
                "--workers", "1", "--corpus-size", "100", "--max-batch-size", "16", "--instances", "1",
-               "--tokenizer-instances", "1", "--out", str(tmp_path), "--work", str(tmp_path / "work"), timeout=600)
+               "--tokenizer-instances", "1", "--tuned", "max_batches_in_flight=3", "--out", str(tmp_path), "--work",
+               str(tmp_path / "work"), timeout=600)
     record = json.loads((tmp_path / "t-7-peers" / "results.json").read_text())
-    assert [s["label"] for s in record["steps"]] == ["stack scheduler: single text c=64", "stack scheduler: short text c=1"]
+    assert [s["label"] for s in record["steps"]] == [
+        f"stack {series}: {step}" for series in ("scheduler", "scheduler tuned")
+        for step in ("single text c=64", "short text c=1")]
+    tuned = next(n for n in record["notes"] if n.startswith("stack scheduler tuned: gateway settings"))
+    assert "'max_batches_in_flight': '3'" in tuned  # the tuned series beside the shipped one (gateway_ab.sh TUNED=)
     assert all(s["errors"] == 0 and s["items"] > 0 for s in record["steps"])
     batching = record["settings"]["batching"]["stack scheduler: single text c=64"]
     assert batching["batches"] > 0 and batching["padding_ratio"] >= 1.0 and batching["triton_executions"] > 0
