@@ -168,6 +168,7 @@ def assert_all_gone(stack: Devstack) -> None:
 # light python-backend models start faster than the builder's four.
 
 
+@pytest.mark.slow  # ~6 s of the default run for the dev harness' own signal handling: `scripts/test -m slow`
 def test_sighup_stops_triton_and_the_gateway(fake_repository: Path, tmp_path: Path) -> None:
     with running_devstack(fake_repository, tmp_path) as stack:
         assert shm_files(stack.shm_prefix)  # the python backend uses the prefix devstack gave it
@@ -176,6 +177,7 @@ def test_sighup_stops_triton_and_the_gateway(fake_repository: Path, tmp_path: Pa
         assert_all_gone(stack)
 
 
+@pytest.mark.slow  # ~5 s of the default run for the dev harness' own failure report: `scripts/test -m slow`
 def test_dead_triton_is_reported_and_stops_the_gateway(fake_repository: Path, tmp_path: Path) -> None:
     with running_devstack(fake_repository, tmp_path) as stack:
         stack.triton.send_signal(signal.SIGKILL)  # its stubs stay behind, its regions too

@@ -184,6 +184,8 @@ def test_spec_with_environment(
     assert capsys.readouterr().out.count("up to date, nothing to do") == 2
 
 
+@pytest.mark.slow  # ~7 s (a real builder process importing torch): `scripts/test -m slow`; the one-line errors of the
+# CLI are checked in-process above, and test_hub_cache.py runs the real process on a hub id in the cache
 @pytest.mark.timeout(180)
 def test_real_cli_process_unknown_hub_id(repository: Path) -> None:
     """The real `python -m builder` process: a hub id that is not available gives one line and exit 1."""
