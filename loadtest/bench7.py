@@ -15,7 +15,8 @@ onnxruntime runner, fp16 graph, CUDA provider), served by the PyPI-wheel tritons
 Every step reports texts/s, tokens/s (texts/s x the corpus' mean tokens per text), p50/p99 and
 errors; the scheduler steps also the padding ratio (gateway_scheduled_tokens_total computed/real
 over the step) and the mean batch size. The model step's own batch-1 time for the short text is
-measured alone (onnxruntime on the same model.onnx, same provider) for the c=1 target.
+measured alone (onnxruntime on the same model.onnx, same provider) for the c=1 target: first, and again after the
+stack's steps (where the c=1 steps ran: after the loaded steps, beside an idle Triton), each with its ratio row.
 Results: loadtest/results/<name>-7-peers/ (results.json, summary.md, peers.png).
 """
 
@@ -385,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         steps += peer
     batching: dict[str, dict[str, float]] = {}
     alone: dict[str, object] = {"median_ms": float("nan"), "providers": []}
+    alone_after: dict[str, object] | None = None
     gateway_settings = dict(kv.split("=", 1) for kv in args.gateway_setting)
     args.triton_grpc = ""
     if parts & {"scheduler", "ensemble"}:
@@ -411,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
                     batching.update(counters)
                     save_diagnostics(work, label.replace(" ", "-"), gw.url, triton)
                     notes.append(f"stack {label}: gateway settings {settings}, {worker_count(gw.process.pid)} workers")
+            if any("short text c=1" in s.label for s in steps):
+                # the same step timed again where the c=1 steps ran: after the loaded steps, beside an idle Triton
+                alone_after = step_alone_ms(repo, width=short_width)
     if "infinity" in parts:
         inf, inf_notes = run_infinity(model_dir, corpus, args, work / "infinity.log")
         steps += inf
@@ -427,12 +432,16 @@ def main(argv: list[str] | None = None) -> int:
             ratios[f"{s.label}: mean texts per batch"] = batching[s.label]["mean_batch_texts"]
         if "short text c=1" in s.label:
             ratios[f"{s.label}: p50 - model step alone at batch 1 (ms)"] = s.latency_ms.p50 - float(alone["median_ms"])  # type: ignore[arg-type]
+            if alone_after is not None:
+                ratios[f"{s.label}: p50 - model step alone, timed after the steps (ms)"] = (
+                    s.latency_ms.p50 - float(alone_after["median_ms"]))  # type: ignore[arg-type]
     notes += [
         f"corpus: make_corpus(CorpusSpec(size={len(corpus)})): {tokens_per_text:.1f} tokens per text on average "
         f"(truncated at 512); tokens/s = texts/s x {tokens_per_text:.1f}",
         f"model step alone, batch 1 x {short_width} tokens ('{SHORT_TEXT}', {lengths[-1]} tokens, as the gateway "
         f"pads it on a GPU): {alone['median_ms']:.2f} ms "
-        f"({alone['providers']})",
+        f"({alone['providers']})" + (f"; timed again after the stack's steps: {alone_after['median_ms']:.2f} ms"
+                                     if alone_after is not None else ""),
         "peers (texts/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()),
         f"gateway: workers {args.workers or 'default (auto)'}, settings {gateway_settings or 'defaults'}; "
         f"{args.procs} client processes ({args.client} client, {args.endpoint} route); repository: the builder's defaults for --runtime python --formats onnx "
@@ -444,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     record = RunRecord(name=f"{args.name}-7-peers", description=__doc__.split("\n\n")[1], machine=machine,
                        settings={"shape": args.shape, "duration_s": args.duration, "warmup_s": args.warmup,
                                  "tokens_per_text": tokens_per_text, "batching": batching, "step_alone": alone,
+                                 "step_alone_after": alone_after,
                                  "peers": peers},
                        steps=steps, ratios=ratios, notes=notes)
     out = save(record, args.out)

@@ -65,6 +65,10 @@ def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: 
     batching = record["settings"]["batching"]["stack scheduler: single text c=64"]
     assert batching["batches"] > 0 and batching["padding_ratio"] >= 1.0 and batching["triton_executions"] > 0
     assert record["settings"]["step_alone"]["median_ms"] > 0
+    assert record["settings"]["step_alone_after"]["median_ms"] > 0  # timed again where the c=1 steps ran
+    c1 = "stack scheduler: short text c=1"
+    assert all(key in record["ratios"] for key in (f"{c1}: p50 - model step alone at batch 1 (ms)",
+                                                   f"{c1}: p50 - model step alone, timed after the steps (ms)"))
     assert (tmp_path / "t-7-peers" / "peers.png").is_file()
 
 
