@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -57,7 +57,7 @@ def inference_route(path: str) -> tuple[str, Task | None, str | None] | None:
     return None
 
 
-_BACKENDS: dict[str, Backend] = {"onnx": "onnx", "trt": "trt"}
+_BACKENDS: dict[str, Backend] = {name: name for name in get_args(Backend)}  # the API's backends, by name
 
 
 def _fields(body: bytes) -> tuple[str | None, Backend | None] | None:
