@@ -105,14 +105,15 @@ class GatewaySettings(BaseSettings):
     host: str = Field("0.0.0.0", description="Listen address.")
     port: int = Field(8080, ge=1, le=65535, description="Listen port.")
     workers: int | Literal["auto"] = Field(
-        "auto", description="Worker processes: a number, or `auto` (1 to 8): the CPUs of the gateway's own "
-        "CPU quota (a container limit), else half the host's CPUs (the rest is left to Triton's python "
-        "stubs and tokenizers). Each worker batches its own requests; Triton merges the batches of all workers.",
+        "auto", description="Worker processes: a number, or `auto` (1 to 12): the CPUs of the gateway's own "
+        "CPU quota (a container limit), else three quarters of the host's CPUs (12 on a 16-core GPU host; the rest "
+        "is left to Triton and its python stubs). Each worker batches its own requests; Triton merges the batches "
+        "of all workers.",
     )
     tokenizer_threads: int | Literal["auto"] = Field(
         "auto", description="Threads of the Rust tokenizer's pool in each worker: a number (1 = no pool: the worker "
-        "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else half the "
-        "host's), so that the workers' pools together do not outnumber them (1 with the default workers). Without "
+        "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else three "
+        "quarters of the host's), so that the workers' pools together do not outnumber them (1 with the default workers). Without "
         "it every worker starts a pool as large as the host, and idle pool threads spin: 24% more CPU per "
         "32-text request with 16 threads on the 2-core VM (loadtest/results/local-2core-20g-gateway-cpu).",
     )
@@ -171,17 +172,22 @@ def cpu_quota() -> int | None:
 
 def gateway_cpus() -> int:
     """The CPUs the gateway counts as its own, at least 1: those of this process's quota (a gateway container
-    with a CPU limit has them to itself); without one, half the CPUs it may run on (the other half is left to
-    Triton's python stubs and tokenizers on the same host)."""
+    with a CPU limit has them to itself); without one, three quarters of the CPUs it may run on (the rest is left
+    to Triton and its python stubs on the same host: 2.2 cores at the most single-text load of a 16-core H100
+    host, loadtest/results/h100-20ac-final)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cpu_quota()
-    return max(1, min(quota, cpus) if quota is not None else cpus // 2)
+    return max(1, min(quota, cpus) if quota is not None else cpus * 3 // 4)
+
+
+MAX_AUTO_WORKERS = 12  # the most measured (16-core H100 and H200 hosts, loadtest/results/h200-20ad-final)
 
 
 def auto_workers() -> int:
-    """GATEWAY_WORKERS=auto, 1 to 8: the gateway's CPUs (`gateway_cpus`: 8 on a 16-core GPU host, measured
-    best there, loadtest/results/h100-20-tuning)."""
-    return min(8, gateway_cpus())
+    """GATEWAY_WORKERS=auto, 1 to 12: the gateway's CPUs (`gateway_cpus`: 12 on a 16-core GPU host, where 12
+    workers served a median 1.09x the single texts of 8 and the same 32-text requests over nine A/B pairs on
+    four machines, loadtest/results/h200-20ad-final)."""
+    return min(MAX_AUTO_WORKERS, gateway_cpus())
 
 
 @lru_cache(maxsize=1)

@@ -72,7 +72,7 @@ class Inputs:
 
 def _batches_in_flight(settings: GatewaySettings, endpoint: Endpoint) -> int:
     """Batches one worker keeps in flight to a step: GATEWAY_MAX_BATCHES_IN_FLIGHT per instance Triton runs
-    of the step, shared by the gateway's workers (2 per instance: 1 per worker with 8 workers on a GPU's 4
+    of the step, shared by the gateway's workers (2 per instance: 1 per worker with 8 or 12 workers on a GPU's 4
     instances, measured best on the H100; 2 with one worker on one CPU instance; twice as many on two GPUs)."""
     per_instance = settings.max_batches_in_flight
     return max(1, math.ceil(per_instance * endpoint.step_instances / settings.worker_count))

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from builder.spec import load_spec
-from gateway.settings import GatewaySettings
+from gateway.settings import MAX_AUTO_WORKERS, GatewaySettings
 from tests.deploy.manifests import (
     ADAPTER,
     DASHBOARD,
@@ -233,12 +233,12 @@ def test_gateway_settings_are_real_and_documented(name: str, monkeypatch: pytest
 
 def gateway_workers(objects: list[dict[str, Any]], value: str) -> int:
     """The gateway's worker count in the pod: GATEWAY_WORKERS, or for `auto` its container's CPU limit (the
-    gateway's own quota, gateway/settings.py auto_workers), at most 8."""
+    gateway's own quota, gateway/settings.py auto_workers), at most MAX_AUTO_WORKERS."""
     if value != "auto":
         return int(value)
     limit = container(pod_spec(objects), "gateway")["resources"]["limits"]["cpu"]
     cpus = int(limit[:-1]) / 1000 if str(limit).endswith("m") else float(limit)
-    return max(1, min(8, int(cpus)))
+    return max(1, min(MAX_AUTO_WORKERS, int(cpus)))
 
 
 def region_bytes(max_batch: int, max_seq_len: int, width: int, bytes_per_token: int) -> int:
