@@ -40,6 +40,22 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         GatewaySettings()
 
 
+@pytest.mark.parametrize(("cpus", "quota", "workers"), [
+    (16, None, 12),  # a 16-core GPU host: three quarters of it (measured: loadtest/results/h200-20ad-final)
+    (64, None, 12),  # at most 12, the most measured
+    (2, None, 1),  # the 2-core dev VM
+    (4, None, 3),
+    (16, 4, 4),  # a container limit: its CPUs are the gateway's own
+    (16, 32, 12),  # a quota above the CPUs it may run on counts those CPUs
+])
+def test_auto_workers(monkeypatch: pytest.MonkeyPatch, cpus: int, quota: int | None, workers: int) -> None:
+    """GATEWAY_WORKERS=auto: the gateway's CPUs (its quota, else three quarters of the host's), 1 to 12."""
+    monkeypatch.setattr(gateway.settings.os, "sched_getaffinity", lambda _pid: set(range(cpus)))
+    monkeypatch.setattr(gateway.settings, "cpu_quota", lambda: quota)
+    assert GatewaySettings(workers="auto").worker_count == workers
+    assert GatewaySettings(workers="auto").tokenizer_thread_count >= 1
+
+
 def test_tokenizer_pool_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """auto: the gateway's CPUs shared by its workers, at least 1 (= no pool); or the number named."""
     monkeypatch.setattr(gateway.settings, "gateway_cpus", lambda: 8)
