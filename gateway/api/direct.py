@@ -47,8 +47,9 @@ STATE_KEY = "direct_routes"  # where the app's lifespan state hands the protocol
 
 Headers = list[tuple[bytes, bytes]]
 Write = Callable[[int, Headers, bytes], None]  # (status, headers, body): the protocol writes the answer
-# /tei/NAME or /tei/NAME/SUFFIX: no '%' (the router matches the decoded path), query or fragment
-_TEI_TARGET = re.compile(rb"/tei/([^/%?#]+)(/[^/%?#]*)?")
+# /tei/NAME or /tei/NAME/SUFFIX (/embed, /v1/embeddings): no '%' (the router matches the decoded path), query or
+# fragment
+_TEI_TARGET = re.compile(rb"/tei/([^/%?#]+)(/[^%?#]*)?")
 
 
 class Target(NamedTuple):
@@ -125,7 +126,7 @@ class DirectRoutes:
             response = unhandled_error(rid)
         status, answer = response.status_code, [*response.raw_headers, (self.id_name, rid.encode("ascii"))]
         if status >= 400 and target.path.startswith(TEI_PREFIX):
-            write(*tei_error(status, answer, bytes(response.body)))
+            write(*tei_error(status, answer, bytes(response.body), target.path))
         else:
             write(status, answer, bytes(response.body))
         # the gateway's own status, as AccessLog (inside TeiErrorShape) records it

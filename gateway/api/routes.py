@@ -33,6 +33,7 @@ from gateway.api.schemas import (
 from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import TOKENS, render_latest
 from gateway.service.catalog import CatalogService
+from gateway.service.embed import EmbedService
 from gateway.service.prompts import Prompt
 from gateway.service.registry import ServedModel
 from gateway.service.services import Services
@@ -108,6 +109,13 @@ async def openai_embeddings_route(body: OpenAIEmbeddingRequest, request: Request
     """OpenAI-compatible embeddings (normalized, as OpenAI's are)."""
     embed = services(request).embed
     model = await embed.model(request.state, body.model, "embed")  # first: token ids are read by its tokenizer
+    return await openai_embeddings(request, embed, model, body, "/v1/embeddings")
+
+
+async def openai_embeddings(request: Request, embed: EmbedService, model: ServedModel, body: OpenAIEmbeddingRequest,
+                            route: str, *, cut: bool = False) -> Response:
+    """The OpenAI embeddings answer of `body` by `model` (this /v1/embeddings, TEI's under /tei/{model});
+    `cut`: texts over the character limit are cut there instead of refused."""
     raw, prompt = body.input, Prompt(input_type=body.input_type)
     if isinstance(raw, list) and raw and isinstance(raw[0], (int, list)):
         rows = [cast(list[int], raw)] if isinstance(raw[0], int) else cast(list[list[int]], raw)
@@ -115,8 +123,8 @@ async def openai_embeddings_route(body: OpenAIEmbeddingRequest, request: Request
                                    dimensions=body.dimensions)
     else:
         result = await embed.embed(request.state, model, texts_of(cast(str | list[str], raw)), prompt=prompt,
-                                   normalize=True, dimensions=body.dimensions)
-    TOKENS.labels("/v1/embeddings", result.model).inc(result.tokens)
+                                   normalize=True, dimensions=body.dimensions, cut=cut)
+    TOKENS.labels(route, result.model).inc(result.tokens)
     vectors = result.vectors
     if body.encoding_format == "base64":
         data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(base64_rows(vectors))]

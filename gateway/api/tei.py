@@ -11,8 +11,8 @@ model (or reads the body itself), then the request.
 TEI serves one model and routes `POST /` by its kind; here `POST /tei/{model}` does the same by the served
 model's task (`_COMPAT`): an embedding model also answers TEI's similarity body there (huggingface_hub's
 `sentence_similarity` posts it to the base URL; TEI itself does so only with TASK=sentence-similarity), a SPLADE
-model answers /embed_sparse. Not served: /vertex and TEI's own /v1/embeddings and /embeddings (the gateway's
-/v1/embeddings serves every model, named in `model`).
+model answers /embed_sparse. TEI's OpenAI routes, /v1/embeddings and /embeddings, embed with the path's model (TEI
+serves one and takes any `model`); their errors take TEI's OpenAI shape (api/tei_errors.py). Not served: /vertex.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from starlette.responses import Response
 
 from contract import TOKEN_EMBEDDINGS, Task, TruncationDirection
 from gateway.api.responses import OrjsonResponse
-from gateway.api.routes import require_json, services, texts_of
+from gateway.api.routes import openai_embeddings, require_json, services, texts_of
+from gateway.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from gateway.api.tei_schemas import (
     TEI_VERSION,
     TeiClassifierModel,
@@ -44,6 +45,7 @@ from gateway.api.tei_schemas import (
     TeiEmbedSparseResponse,
     TeiError,
     TeiInfo,
+    TeiOpenAIError,
     TeiPredictRequest,
     TeiPredictResponse,
     TeiRerankerType,
@@ -117,6 +119,26 @@ async def tei_embed_route(model: ModelName, body: TeiEmbedRequest, request: Requ
     """TEI `/embed`: one vector per input, as a bare array (also for a single text)."""
     tasks, served = await _served(request, model, "embed")
     return await _embed(request, tasks, served, body)
+
+
+# --- TEI's OpenAI routes ---------------------------------------------------------------------------
+_OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiOpenAIError} for code in _ERRORS}
+
+
+async def tei_openai_embeddings_route(model: ModelName, body: OpenAIEmbeddingRequest, request: Request) -> Response:
+    """TEI's OpenAI-compatible embeddings (the openai client's base URL /tei/{model}/v1): normalized vectors of the
+    path's model, whatever `model` says (TEI serves one model and takes any); texts over the model's limits are
+    truncated, as TEI's auto_truncate does. Errors in TEI's OpenAI shape, `{message, code, type}`."""
+    tasks, served = await _served(request, model, "embed")
+    route = request.scope.get("route")
+    return await openai_embeddings(request, tasks.embed, served, body, getattr(route, "path", request.url.path),
+                                   cut=True)
+
+
+for _path in ("/v1/embeddings", "/embeddings"):  # TEI serves both paths
+    tei.add_api_route(_path, tei_openai_embeddings_route, methods=["POST"], response_class=OrjsonResponse,
+                      name=f"tei_openai{_path.replace('/', '_')}", operation_id=f"tei_openai{_path.replace('/', '_')}",
+                      responses={200: {"model": OpenAIEmbeddingResponse}, **_OPENAI_ERRORS})
 
 
 # --- sparse and per-token vectors, similarity ------------------------------------------------------

@@ -1,4 +1,5 @@
-"""TEI's error shape under /tei/: `{"error": str, "error_type": str}` with TEI's status codes.
+"""TEI's error shape under /tei/: `{"error": str, "error_type": str}` with TEI's status codes; on TEI's OpenAI routes
+(/tei/{model}/v1/embeddings and /embeddings) TEI's OpenAI one, `{"message": str, "code": int, "type": str}`.
 
 Every failure of the gateway (a route's domain error, a validation error, the request layers' 401/413/429,
 an unknown route) is answered in the gateway's one shape `{"error": {"type", "message"}}`. For a path
@@ -15,10 +16,11 @@ from collections.abc import Iterable
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.tei_schemas import TeiError, TeiErrorType
+from gateway.api.tei_schemas import TeiError, TeiErrorType, TeiOpenAIError
 from gateway.errors import ErrorKind, ErrorType
 
 TEI_PREFIX = "/tei/"
+TEI_OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")  # TEI's OpenAI routes: their errors take TEI's OpenAI shape
 
 # The gateway's error kind -> TEI's status and error_type. Cases TEI never meets (auth, an unknown model, a
 # timeout) keep the gateway's status, with the nearest of TEI's six types.
@@ -57,8 +59,15 @@ def tei_status(type_: ErrorType) -> tuple[int, TeiErrorType]:
     return _BY_TYPE.get(type_) or _BY_KIND[type_.kind]
 
 
-def tei_body(body: bytes) -> tuple[int, bytes] | None:
-    """The TEI status and body for a gateway error body; None when `body` is not the gateway's error shape."""
+def openai_route(path: str) -> bool:
+    """Whether `path` (under /tei/) is one of TEI's OpenAI routes of a model: /tei/NAME/v1/embeddings, /embeddings."""
+    _, _, rest = path.removeprefix(TEI_PREFIX).partition("/")
+    return "/" + rest in TEI_OPENAI_ROUTES
+
+
+def tei_body(body: bytes, openai: bool = False) -> tuple[int, bytes] | None:
+    """The TEI status and body for a gateway error body (`openai`: TEI's OpenAI error shape); None when `body` is
+    not the gateway's error shape."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -70,14 +79,16 @@ def tei_body(body: bytes) -> tuple[int, bytes] | None:
         code, error_type = tei_status(ErrorType(error["type"]))  # type: ignore[call-arg]  # by value, not __new__
     except ValueError:  # not one of the gateway's types: left as it is
         return None
+    if openai:
+        return code, orjson.dumps(TeiOpenAIError(message=error["message"], code=code, type=error_type).model_dump())
     return code, orjson.dumps(TeiError(error=error["message"], error_type=error_type).model_dump())
 
 
-def tei_error(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
+def tei_error(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, path: str
               ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """An error answer under /tei/ as TEI's: status and body rewritten when the body is the gateway's error
-    shape (`tei_body`), and the Content-Length, set anew, last among the headers."""
-    rewritten = tei_body(body)
+    """An error answer to `path` under /tei/ as TEI's: status and body rewritten when the body is the gateway's
+    error shape (`tei_body`), and the Content-Length, set anew, last among the headers."""
+    rewritten = tei_body(body, openai_route(path))
     if rewritten is not None:
         status, body = rewritten
     kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
@@ -109,7 +120,7 @@ class TeiErrorShape:
             body.extend(message.get("body", b""))
             if message.get("more_body", False):
                 return
-            status, headers, payload = tei_error(start["status"], start.get("headers", ()), bytes(body))
+            status, headers, payload = tei_error(start["status"], start.get("headers", ()), bytes(body), scope["path"])
             await send({**start, "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": payload})
 

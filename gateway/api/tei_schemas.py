@@ -238,7 +238,16 @@ class TeiInfo(_TeiResponse):
 
 
 class TeiError(_TeiResponse):
-    """Every error under /tei/: TEI's shape and, where TEI has one, its status code."""
+    """Every error under /tei/ (but its OpenAI routes'): TEI's shape and, where TEI has one, its status code."""
 
     error: str = Field(examples=["`inputs` cannot be empty"])
     error_type: TeiErrorType = Field(examples=["Empty"])
+
+
+class TeiOpenAIError(_TeiResponse):
+    """An error of TEI's OpenAI routes (/tei/{model}/v1/embeddings, /embeddings): TEI's OpenAICompatErrorResponse,
+    the message, the status code and TEI's error type."""
+
+    message: str = Field(examples=["`inputs` cannot be empty"])
+    code: int = Field(examples=[400])
+    type: TeiErrorType = Field(examples=["Empty"])

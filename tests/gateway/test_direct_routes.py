@@ -448,12 +448,19 @@ TEI_REQUESTS: Battery = [
     ("compat rerank", "/tei/reranker", {"json": {"query": "q", "texts": ["a", "b"]}, "headers": KEY}),
     ("tokenize", "/tei/st/tokenize", {"json": {"inputs": "hello world"}, "headers": KEY}),
     ("decode", "/tei/st/decode", {"json": {"ids": [5, 6, 7]}, "headers": KEY}),
+    ("openai", "/tei/st/v1/embeddings", {"json": {"input": ["hello", "world"], "model": "x"}, "headers": KEY}),
+    ("openai, no v1", "/tei/st/embeddings", {"json": {"input": "hello", "encoding_format": "base64"},
+                                             "headers": KEY}),
     # errors: in TEI's shape
     ("no key", "/tei/st/embed", {"json": {"inputs": "x"}}),
     ("wrong key", "/tei/st/tokenize", {"json": {"inputs": "x"}, "headers": {"authorization": "Bearer k2"}}),
     ("unknown model", "/tei/nope/embed", {"json": {"inputs": "x"}, "headers": KEY}),
     ("compat unknown model", "/tei/nope", {"json": {"inputs": "x"}, "headers": KEY}),
     ("wrong task", "/tei/st/rerank", {"json": {"query": "q", "texts": ["a"]}, "headers": KEY}),
+    ("openai wrong task", "/tei/nli/v1/embeddings", {"json": {"input": "x"}, "headers": KEY}),
+    ("openai unknown model", "/tei/nope/embeddings", {"json": {"input": "x"}, "headers": KEY}),
+    ("openai invalid field", "/tei/st/v1/embeddings", {"json": {"input": []}, "headers": KEY}),
+    ("openai no key", "/tei/st/v1/embeddings", {"json": {"input": "x"}}),
     ("no sparse output", "/tei/st/embed_sparse", {"json": {"inputs": "x"}, "headers": KEY}),
     ("no per-token output", "/tei/nli/embed_all", {"json": {"inputs": "x"}, "headers": KEY}),
     ("empty sentences", "/tei/st/similarity", {"json": {"inputs": {"source_sentence": "q", "sentences": []}},
@@ -486,6 +493,7 @@ TEI_REQUESTS: Battery = [
     ("tokenize while shedding", "/tei/st/tokenize", {"json": {"inputs": "x"}, "headers": KEY}),
 ]
 TEI_STATUS = {"no key": 401, "wrong key": 401, "unknown model": 404, "compat unknown model": 404, "wrong task": 424,
+              "openai wrong task": 424, "openai unknown model": 404, "openai invalid field": 422, "openai no key": 401,
               "no sparse output": 424, "no per-token output": 424, "empty sentences": 400,
               "bad json": 400, "compat bad json": 400, "invalid field": 422, "compat invalid field": 422,
               "text/plain": 415, "compat text/plain": 415, "no content type": 415, "empty inputs": 400,
@@ -546,13 +554,15 @@ async def test_tei_routes_answer_log_and_count_the_same_with_the_direct_routes_o
         name: TEI_STATUS.get(name, 200) for name, _, _ in TEI_REQUESTS}
     for name, (status, _, body) in on.answers.items():
         if status >= 400:
-            assert orjson.loads(body).keys() == {"error", "error_type"}, name
+            shape = {"message", "code", "type"} if name.startswith("openai") else {"error", "error_type"}
+            assert orjson.loads(body).keys() == shape, name
     assert on.failures == ["boom-1"]
     logged = {name: line for (name, _, _), line in zip(TEI_REQUESTS, on.logs)}
     assert logged["shedding"][2:5] == ("/tei/{model}/embed", "st", 503)  # the gateway's own status, TEI's answer
     assert logged["compat embed"][2:5] == ("/tei/{model}", "st", 200)
     assert logged["no key"][2:5] == ("/tei/{model}/embed", "", 401)
     assert _total(on.growth, "gateway_tokens_total", route="/tei/{model}/embed", model="st") > 0
+    assert _total(on.growth, "gateway_tokens_total", route="/tei/{model}/v1/embeddings", model="st") > 0
     # With them on, only what they leave to the stack reaches it: a body over the limit, a query string, a body of
     # no declared size, a percent-encoded target, and paths that are no POST route of /tei/{model}.
     assert on.seen == ["/tei/st/embed"] * 4 + ["/tei/st/embed/", "/tei/st/vertex"]

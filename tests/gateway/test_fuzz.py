@@ -6,7 +6,8 @@ schemathesis generates valid and invalid requests for every operation (its examp
 fuzzing phases; bounded and derandomized so that the default run is short and repeatable) and
 checks every response: never a 5xx, a status code the schema lists, the content type it lists, a
 body that conforms to the listed schema; and our own rules: every response carries X-Request-ID and
-every error is `{"error": {"type", "message"}}`, or TEI's `{"error", "error_type"}` under /tei/.
+every error is `{"error": {"type", "message"}}`, or TEI's `{"error", "error_type"}` under /tei/ (TEI's OpenAI
+`{"message", "code", "type"}` on its /v1/embeddings and /embeddings).
 Most TEI routes get the fake embedder as `{model}`, so that they answer as well as refuse.
 """
 
@@ -62,6 +63,8 @@ OPERATIONS = {
     "POST /tei/{model}/rerank",
     "POST /tei/{model}/tokenize",
     "POST /tei/{model}/decode",
+    "POST /tei/{model}/v1/embeddings",
+    "POST /tei/{model}/embeddings",
     "GET /tei/{model}/info",
     "GET /tei/{model}/health",
     "POST /v2/embed",
@@ -90,7 +93,7 @@ CONFIG = {
     "seed": 20261123,
     # the TEI routes that can answer the fake embedder get it as {model}; tokenize and decode (501 for it,
     # a 5xx) and the rest keep generated names, as /tokenize and /decode do
-    "operations": [{"include-path-regex": r"^/tei/\{model\}(/embed|/embed_sparse|/embed_all|/similarity|/predict|/rerank|/info|/health)?$",
+    "operations": [{"include-path-regex": r"^/tei/\{model\}(/embed|/embed_sparse|/embed_all|/similarity|/predict|/rerank|/info|/health|/v1/embeddings|/embeddings)?$",
                     "parameters": {"path.model": TEI_MODEL}}],
     "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "deterministic": True},
     "phases": {
@@ -127,7 +130,14 @@ def request_id_and_error_shape(ctx: Any, response: schemathesis.Response, case: 
     """Every response carries X-Request-ID; every 4xx/5xx is the one JSON error shape (TEI's under /tei/)."""
     assert response.headers.get("x-request-id"), "no X-Request-ID header"
     kind = ""
-    if response.status_code >= 400 and case.operation.path.startswith("/tei/"):
+    if response.status_code >= 400 and case.operation.path.endswith("/embeddings") and case.operation.path.startswith(
+            "/tei/"):  # TEI's OpenAI routes
+        body = response.json()
+        assert isinstance(body, dict) and set(body) == {"message", "code", "type"}, body
+        assert isinstance(body["message"], str) and body["type"] in TEI_ERROR_TYPES, body
+        assert body["code"] == response.status_code, body
+        kind = body["type"]
+    elif response.status_code >= 400 and case.operation.path.startswith("/tei/"):
         body = response.json()
         assert isinstance(body, dict) and set(body) == {"error", "error_type"}, body
         assert isinstance(body["error"], str) and body["error_type"] in TEI_ERROR_TYPES, body

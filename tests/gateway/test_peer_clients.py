@@ -20,6 +20,7 @@ from typing import Any
 import cohere
 import httpx
 import numpy as np
+import openai
 import pytest
 import torch
 import uvicorn
@@ -99,6 +100,53 @@ def test_huggingface_hub_feature_extraction(url: str, st: SentenceTransformer) -
     with pytest.raises(HfHubHTTPError) as unauthorized:
         InferenceClient(base_url=f"{url}/tei/st", api_key="wrong").feature_extraction("x")
     assert unauthorized.value.response.status_code == 401
+
+
+def test_openai_client_on_tei_openai_routes(url: str, st: SentenceTransformer) -> None:
+    """TEI's OpenAI routes, as a team moving from TEI points the openai client (and LangChain's OpenAIEmbeddings) at
+    its base URL + /v1: the path's model, whatever `model` says; /embeddings too; TEI's auto-truncation."""
+    client = openai.OpenAI(base_url=f"{url}/tei/st/v1", api_key=KEY, max_retries=0)
+    result = client.embeddings.create(model="any-name-tei-ignores", input=TEXTS)  # the client asks for base64
+    np.testing.assert_allclose(np.array([d.embedding for d in result.data]), st.encode(TEXTS), atol=1e-5)
+    assert [d.index for d in result.data] == list(range(len(TEXTS))) and result.model == "st"
+    own = post(url, "/v1/embeddings", {"input": TEXTS, "model": "st"}).json()  # the default prompt's tokens included
+    assert result.usage.prompt_tokens == result.usage.total_tokens == own["usage"]["total_tokens"] > 0
+    floats = client.embeddings.create(model="st", input=TEXTS[1], encoding_format="float",
+                                      dimensions=PEER_MATRYOSHKA[0])
+    want = st.encode(TEXTS[1:2], normalize_embeddings=True, truncate_dim=PEER_MATRYOSHKA[0])
+    np.testing.assert_allclose([floats.data[0].embedding], want, atol=1e-5)
+    plain = post(url, "/tei/st/embeddings", {"input": TEXTS[0]}).json()
+    np.testing.assert_allclose([plain["data"][0]["embedding"]], st.encode(TEXTS[:1]), atol=1e-5)
+    over = "film " * (MAX_INPUT_CHARS // 4)  # over GATEWAY_MAX_INPUT_CHARS: TEI truncates, /v1/embeddings refuses
+    assert post(url, "/tei/st/v1/embeddings", {"input": over}).status_code == 200
+    assert post(url, "/v1/embeddings", {"input": over, "model": "st"}).status_code == 413
+    with pytest.raises(openai.NotFoundError) as missing:
+        openai.OpenAI(base_url=f"{url}/tei/missing/v1", api_key=KEY, max_retries=0).embeddings.create(
+            model="st", input="x")
+    body = missing.value.body
+    assert isinstance(body, dict) and body["code"] == 404 and body["type"] == "Validation"
+    assert body["message"].startswith("model 'missing' is not served")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "error_type"),
+    [
+        ("/tei/st/v1/embeddings", {"input": ""}, AUTH, 422, "Validation"),  # the OpenAI body's own validation
+        ("/tei/st/embeddings", {"input": []}, AUTH, 422, "Validation"),  # (TEI: 400 Empty for an empty list)
+        ("/tei/nli/v1/embeddings", {"input": "x"}, AUTH, 424, "Backend"),  # not an embedding model
+        ("/tei/st/v1/embeddings", {"input": "x", "dimensions": 12}, AUTH, 422, "Validation"),
+        ("/tei/st/v1/embeddings", {"input": "x", "encoding_format": "int8"}, AUTH, 422, "Validation"),
+        ("/tei/st/v1/embeddings", {"input": "x"}, {}, 401, "Validation"),
+        ("/tei/st/v1/embeddings", {"input": "x" * 3 * 1024 * 1024}, AUTH, 413, "Validation"),
+    ],
+)
+def test_tei_openai_errors_have_tei_openai_shape(url: str, path: str, body: Any, headers: dict[str, str],
+                                                 status: int, error_type: str) -> None:
+    """TEI's OpenAICompatErrorResponse: {message, code, type}, the code equal to the status."""
+    response = post(url, path, body, headers=headers)
+    assert response.status_code == status, response.text
+    assert response.json().keys() == {"message", "code", "type"}
+    assert response.json()["code"] == status and response.json()["type"] == error_type and response.json()["message"]
 
 
 def test_huggingface_hub_sentence_similarity(url: str, st: SentenceTransformer) -> None:
@@ -330,7 +378,7 @@ def test_openapi_documents_the_new_bodies_with_examples() -> None:
     for name in ("TeiEmbedRequest", "TeiPredictRequest", "TeiRerankRequest", "TeiTokenizeRequest", "TeiDecodeRequest",
                  "TeiEmbedSparseRequest", "TeiEmbedAllRequest", "TeiSimilarityInput", "TeiSimilarityParameters",
                  "TeiSparseValue",
-                 "TeiInfo", "TeiRank", "TeiPrediction", "TeiError", "CohereEmbedV2Request", "CohereEmbeddings",
+                 "TeiInfo", "TeiRank", "TeiPrediction", "TeiError", "TeiOpenAIError", "CohereEmbedV2Request", "CohereEmbeddings",
                  "CohereRerankV2Request", "CohereRerankV2Result", "CohereEmbedV2Response", "CohereRerankV2Response"):
         for field, value in schemas[name]["properties"].items():
             nested = "$ref" in value or "allOf" in value or field in ("model_type", "response_type")

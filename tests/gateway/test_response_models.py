@@ -112,6 +112,10 @@ CASES: dict[tuple[str, str], list[Case]] = {
                                       Case("/tei/reranker/rerank", {"query": "q", "texts": ["a"],
                                                                     "return_text": True})],
     ("POST", "/tei/{model}/tokenize"): [Case("/tei/st/tokenize", {"inputs": "hello world"})],
+    ("POST", "/tei/{model}/v1/embeddings"): [Case("/tei/st/v1/embeddings", {"input": ["hello", "world"]}),
+                                             Case("/tei/st/v1/embeddings", {"input": "hi", "encoding_format": "base64",
+                                                                            "model": "ignored"})],
+    ("POST", "/tei/{model}/embeddings"): [Case("/tei/st/embeddings", {"input": "hello"})],
     ("POST", "/tei/{model}/decode"): [Case("/tei/st/decode", {"ids": [[2, 5, 6, 3]]})],
     ("GET", "/tei/{model}/info"): [Case(f"/tei/{name}/info") for name in ("st", "nli", "reranker")]
     + [Case("/tei/splade5/info", gateway="issue23")],
