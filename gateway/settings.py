@@ -113,9 +113,9 @@ class GatewaySettings(BaseSettings):
     tokenizer_threads: int | Literal["auto"] = Field(
         "auto", description="Threads of the Rust tokenizer's pool in each worker: a number (1 = no pool: the worker "
         "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else three "
-        "quarters of the host's), so that the workers' pools together do not outnumber them (1 with the default workers). Without "
-        "it every worker starts a pool as large as the host, and idle pool threads spin: 24% more CPU per "
-        "32-text request with 16 threads on the 2-core VM (loadtest/results/local-2core-20g-gateway-cpu).",
+        "quarters of the host's), so that the workers' pools together do not outnumber them (1 with the default "
+        "workers). Without it every worker starts a pool as large as the host, and idle pool threads spin: 24% "
+        "more CPU per 32-text request with 16 threads on the 2-core VM (loadtest/results/local-2core-20g-gateway-cpu).",
     )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."

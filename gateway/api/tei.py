@@ -87,9 +87,13 @@ async def _served(request: Request, name: str, task: Task | None = None) -> tupl
     return tasks, await tasks.catalog.model(request.state, name, task)
 
 
+def _route(request: Request) -> str:
+    """The route's path template (/tei/{model}/embed), the label of its metrics."""
+    return getattr(request.scope.get("route"), "path", request.url.path)
+
+
 def _count_tokens(request: Request, model: ServedModel, tokens: int) -> None:
-    route = request.scope.get("route")
-    TOKENS.labels(getattr(route, "path", request.url.path), model.name).inc(tokens)
+    TOKENS.labels(_route(request), model.name).inc(tokens)
 
 
 def _not_empty(texts: list[str], field: str) -> None:
@@ -130,9 +134,7 @@ async def tei_openai_embeddings_route(model: ModelName, body: OpenAIEmbeddingReq
     path's model, whatever `model` says (TEI serves one model and takes any); texts over the model's limits are
     truncated, as TEI's auto_truncate does. Errors in TEI's OpenAI shape, `{message, code, type}`."""
     tasks, served = await _served(request, model, "embed")
-    route = request.scope.get("route")
-    return await openai_embeddings(request, tasks.embed, served, body, getattr(route, "path", request.url.path),
-                                   cut=True)
+    return await openai_embeddings(request, tasks.embed, served, body, _route(request), cut=True)
 
 
 for _path in ("/v1/embeddings", "/embeddings"):  # TEI serves both paths
