@@ -62,7 +62,7 @@ def tei_status(type_: ErrorType) -> tuple[int, TeiErrorType]:
 def openai_route(path: str) -> bool:
     """Whether `path` (under /tei/) is one of TEI's OpenAI routes of a model: /tei/NAME/v1/embeddings, /embeddings."""
     _, _, rest = path.removeprefix(TEI_PREFIX).partition("/")
-    return "/" + rest in TEI_OPENAI_ROUTES
+    return path.startswith(TEI_PREFIX) and "/" + rest in TEI_OPENAI_ROUTES
 
 
 def tei_body(body: bytes, openai: bool = False) -> tuple[int, bytes] | None:

@@ -31,6 +31,7 @@ from schemathesis.specs.openapi.checks import (
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
 from gateway.api.errors import status_of
+from gateway.api.tei_errors import openai_route
 from gateway.errors import ErrorType
 
 OPERATIONS = {
@@ -130,8 +131,7 @@ def request_id_and_error_shape(ctx: Any, response: schemathesis.Response, case: 
     """Every response carries X-Request-ID; every 4xx/5xx is the one JSON error shape (TEI's under /tei/)."""
     assert response.headers.get("x-request-id"), "no X-Request-ID header"
     kind = ""
-    if response.status_code >= 400 and case.operation.path.endswith("/embeddings") and case.operation.path.startswith(
-            "/tei/"):  # TEI's OpenAI routes
+    if response.status_code >= 400 and openai_route(case.operation.path):  # TEI's OpenAI routes
         body = response.json()
         assert isinstance(body, dict) and set(body) == {"message", "code", "type"}, body
         assert isinstance(body["message"], str) and body["type"] in TEI_ERROR_TYPES, body

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from tritonclient.utils import serialize_byte_tensor
 
 from gateway.api.schemas import ClassifyRequest, OpenAIEmbeddingRequest
+from gateway.api.tei_errors import openai_route
 from gateway.service.classify import softmax
 from gateway.service.embed import l2_normalize
 import gateway.settings
@@ -253,3 +254,14 @@ def test_cuda_transport_without_a_usable_gpu_fails_start_up_with_the_reason() ->
     code = "from gateway.settings import GatewaySettings as S; from gateway.triton.client import TritonClient as T; T(S())"
     client = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert client.returncode == 1 and "ShmUnavailable: CUDA is not usable in this process" in client.stderr
+
+
+@pytest.mark.parametrize(("path", "openai"), [
+    ("/tei/st/v1/embeddings", True), ("/tei/st/embeddings", True), ("/tei/{model}/v1/embeddings", True),
+    ("/tei/v1/embeddings", True),  # a model named v1: its /embeddings
+    ("/v1/embeddings", False), ("/embeddings", False),  # the gateway's own routes keep the gateway's shape
+    ("/tei/st/embed", False), ("/tei/st/x/embeddings", False), ("/tei/st", False),
+])
+def test_tei_openai_route(path: str, openai: bool) -> None:
+    """Which error answers under /tei/ take TEI's OpenAI shape."""
+    assert openai_route(path) is openai
