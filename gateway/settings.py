@@ -77,10 +77,6 @@ class GatewaySettings(BaseSettings):
         "so that clients retrying at once cannot take the CPU the admitted work needs; 0 = answer at once.",
     )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
-    triton_stream: bool = Field(
-        False, description="Send inferences as messages of one gRPC stream per worker (ModelStreamInfer) instead of "
-        "one gRPC call each; calls carrying trace context stay unary (gateway/triton/stream.py).",
-    )
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")
     startup_timeout_s: float = Field(5.0, gt=0, description="How long start-up waits for Triton before serving.")
     ready_probe_timeout_s: float = Field(

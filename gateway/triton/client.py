@@ -46,7 +46,6 @@ from gateway.triton.shm_pool import (
     region_maker,
     serialize_texts,
 )
-from gateway.triton.stream import InferStream, Placement, inference_request
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.triton")
@@ -221,7 +220,6 @@ class TritonClient:
         self.settings = settings
         self.timeout = settings.triton_timeout_s
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
-        self.stream = InferStream(settings.triton_url, CHANNEL_ARGS) if settings.triton_stream else None
         self._calls = _CallLedger()  # every call to Triton is counted in it (close() reads it)
         self.pools: dict[str, ShmPool] = {}
         self.epoch = 0  # registrations made by this worker; +1 each time they are made again
@@ -465,20 +463,26 @@ class TritonClient:
         against its expected shape; the call's span and latency metric, by transport."""
         client_timeout, timeout_us = self._timeouts(deadline)
         start = time.perf_counter()
-        placed = [_place(tensor, transport) for tensor in inputs]
-        wanted = [Placement(o.name) if transport is None else
-                  Placement(o.name, region=transport.name, size=o.nbytes, offset=transport.layout.offset(o.name))
-                  for o in outputs]
+        infer_inputs = []
+        for tensor in inputs:
+            infer_input = grpcclient.InferInput(tensor.name, tensor.shape, tensor.datatype)
+            infer_inputs.append(infer_input)
+            if transport is not None:
+                payload = tensor.payload()
+                size = payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
+                if transport.layout.fits({tensor.name: size}):
+                    transport.write(tensor.name, payload)
+                    infer_input.set_shared_memory(transport.name, size, transport.layout.offset(tensor.name))
+                    continue
+            infer_input.set_data_from_numpy(tensor.array())
+        requested = [grpcclient.InferRequestedOutput(o.name) for o in outputs]
+        if transport is not None:
+            for want, out in zip(outputs, requested):
+                out.set_shared_memory(transport.name, want.nbytes, transport.layout.offset(want.name))
         via = "grpc" if transport is None else "shm"
         with self._calls, tracing.triton_call(model, outputs[0].shape[0], via) as headers:
-            if self.stream is not None and headers is None:
-                request = inference_request(model, placed, wanted, timeout_us, parameters)
-                result = grpcclient.InferResult(await self.stream.infer(request, client_timeout))
-            else:
-                result = await self.grpc.infer(model, [_infer_input(p) for p in placed],
-                                               outputs=[_requested_output(w) for w in wanted],
-                                               client_timeout=client_timeout, timeout=timeout_us,
-                                               parameters=parameters, headers=headers)
+            result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
+                                           timeout=timeout_us, parameters=parameters, headers=headers)
         TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
         return [_output(result, model, want, transport) for want in outputs]
 
@@ -495,8 +499,6 @@ class TritonClient:
         self.pools.clear()
         self._closed_pools.clear()
         late = self._calls.may_report_late
-        if self.stream is not None:
-            await self.stream.close()
         await self.grpc.close()
         # gRPC's core reports the end of a cancelled call (a timed-out infer, the channel's own cancels
         # of calls in flight) later, through its poller thread, to the loop the call was made on. Stay on
@@ -505,34 +507,6 @@ class TritonClient:
         # well leave nothing to report.
         if late:
             await asyncio.sleep(CLOSE_DRAIN_S)
-
-
-def _place(tensor: Tensor, transport: Region | None) -> Placement:
-    """Where `tensor` travels: into `transport`'s slot (written here) when it fits, else in the message."""
-    if transport is not None:
-        payload = tensor.payload()
-        size = payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
-        if transport.layout.fits({tensor.name: size}):
-            transport.write(tensor.name, payload)
-            return Placement(tensor.name, tensor.datatype, tuple(tensor.shape), transport.name, size,
-                             transport.layout.offset(tensor.name))
-    return Placement(tensor.name, tensor.datatype, tuple(tensor.shape), content=tensor)
-
-
-def _infer_input(placed: Placement) -> grpcclient.InferInput:
-    infer_input = grpcclient.InferInput(placed.name, list(placed.shape), placed.datatype)
-    if placed.region is not None:
-        infer_input.set_shared_memory(placed.region, placed.size, placed.offset)
-    elif isinstance(placed.content, Tensor):
-        infer_input.set_data_from_numpy(placed.content.array())
-    return infer_input
-
-
-def _requested_output(placed: Placement) -> grpcclient.InferRequestedOutput:
-    output = grpcclient.InferRequestedOutput(placed.name)
-    if placed.region is not None:
-        output.set_shared_memory(placed.region, placed.size, placed.offset)
-    return output
 
 
 def _output(result: grpcclient.InferResult, model: str, want: Wanted, region: Region | None) -> np.ndarray:
