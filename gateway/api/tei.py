@@ -12,14 +12,17 @@ TEI serves one model and routes `POST /` by its kind; here `POST /tei/{model}` d
 model's task (`_COMPAT`): an embedding model also answers TEI's similarity body there (huggingface_hub's
 `sentence_similarity` posts it to the base URL; TEI itself does so only with TASK=sentence-similarity), a SPLADE
 model answers /embed_sparse. TEI's OpenAI routes, /v1/embeddings and /embeddings, embed with the path's model (TEI
-serves one and takes any `model`); their errors take TEI's OpenAI shape (api/tei_errors.py). Not served: /vertex.
+serves one and takes any `model`); their errors take TEI's OpenAI shape (api/tei_errors.py). `/vertex` (Google
+Vertex AI) runs each of its instances through the route the model's kind takes, concurrently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, cast
 
+import orjson
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
@@ -56,9 +59,11 @@ from gateway.api.tei_schemas import (
     TeiSimilarityResponse,
     TeiTokenizeRequest,
     TeiTokenizeResponse,
+    TeiVertexRequest,
+    TeiVertexResponse,
 )
 from gateway.api.vectors import sparse_json
-from gateway.errors import ErrorType, invalid
+from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.metrics import TOKENS
 from gateway.service.prompts import Prompt
 from gateway.service.registry import ServedModel
@@ -257,7 +262,7 @@ async def tei_rerank_route(model: ModelName, body: TeiRerankRequest, request: Re
 
 
 # --- the compat route ------------------------------------------------------------------------------
-Handler = Callable[[Request, Services, ServedModel, Any], Awaitable[Response]]
+Handler = Callable[[Request, Services, ServedModel, Any], Coroutine[Any, Any, Response]]
 
 
 async def _predict_compat(request: Request, tasks: Services, model: ServedModel, body: TeiPredictRequest) -> Response:
@@ -298,6 +303,54 @@ async def tei_compat_route(model: ModelName, request: Request) -> Response:
         return await handler(request, tasks, served, body)
     assert first is not None  # every task has at least one body
     raise RequestValidationError(first.errors(include_url=False)) from None
+
+
+# --- Vertex AI -------------------------------------------------------------------------------------
+# per task, the body of a /vertex instance and its handler (TEI's vertex_compatibility; a /rerank body comes first)
+_VERTEX: dict[str, tuple[type[BaseModel], Handler]] = {
+    "embed": (TeiEmbedRequest, _embed),
+    "sparse-embed": (TeiEmbedSparseRequest, _embed_sparse),
+    "classify": (TeiPredictRequest, _predict),
+    "rerank": (TeiRerankRequest, _rerank),
+}
+
+
+@tei.post("/vertex", response_class=OrjsonResponse, responses={200: {"model": TeiVertexResponse}})
+async def tei_vertex_route(model: ModelName, body: TeiVertexRequest, request: Request) -> Response:
+    """TEI `/vertex` (Google Vertex AI): `{"instances": [...]}`, answered `{"predictions": [...]}`. Each instance
+    is the body of the route the model's kind takes (/embed, /embed_sparse, /predict, /rerank) and gets that
+    route's answer; one with `query` and `texts` is a /rerank body (424 when the model is no reranker), as in TEI.
+    Instances run concurrently; one that fails fails the request with its error (the others are cancelled)."""
+    tasks, served = await _served(request, model)
+    limit = tasks.catalog.settings.max_inputs
+    if len(body.instances) > limit:
+        raise GatewayError(ErrorType.TOO_MANY_INPUTS, f"{len(body.instances)} instances, over the limit of {limit}")
+    calls: list[tuple[Handler, BaseModel]] = []
+    for instance in map(orjson.dumps, body.instances):  # validated as the routes validate their JSON bodies
+        try:
+            rerank = TeiRerankRequest.model_validate_json(instance)
+        except ValidationError:
+            schema, handler = _VERTEX[served.task]
+            try:
+                calls.append((handler, schema.model_validate_json(instance)))
+            except ValidationError as exc:
+                raise RequestValidationError(exc.errors(include_url=False)) from None
+            continue
+        if served.task != "rerank":  # TEI: "model is not a re-ranker model"; here the error /rerank gives
+            await tasks.catalog.model(request.state, model, "rerank")
+        calls.append((_rerank, rerank))
+    # each instance notes its own input count in a state of its own (the access log and metrics read the sum)
+    scopes = [{**request.scope, "state": {}} for _ in calls]
+    try:
+        async with asyncio.TaskGroup() as group:
+            jobs = [group.create_task(handler(Request(scope), tasks, served, instance))
+                    for scope, (handler, instance) in zip(scopes, calls)]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    finally:
+        request.state.inputs = sum(int(scope["state"].get("inputs", 0)) for scope in scopes)
+    return Response(b'{"predictions":[' + b",".join(bytes(job.result().body) for job in jobs) + b"]}",
+                    media_type="application/json")
 
 
 # --- tokenize, decode ------------------------------------------------------------------------------

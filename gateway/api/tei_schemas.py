@@ -146,6 +146,16 @@ class TeiDecodeRequest(_TeiRequest):
     skip_special_tokens: bool = Field(True, examples=[True])
 
 
+class TeiVertexRequest(_TeiRequest):
+    """`POST /tei/{model}/vertex`, Google Vertex AI's prediction body."""
+
+    instances: list[dict[str, Any]] = Field(
+        description="Each one the body of the route the model's kind takes, as TEI's `POST /`: /embed, "
+        "/embed_sparse (SPLADE), /predict (classifiers), /rerank; one with `query` and `texts` is a /rerank body.",
+        examples=[[{"inputs": "What is Deep Learning?"}, {"inputs": ["Paris", "Berlin"], "normalize": False}]],
+    )
+
+
 class TeiEmbedResponse(RootModel[FloatMatrix]):
     """One vector per input, also for a single text."""
 
@@ -184,6 +194,11 @@ class TeiRank(_TeiResponse):
 
 class TeiRerankResponse(RootModel[list[TeiRank]]):
     """Best first."""
+
+
+class TeiVertexResponse(_TeiResponse):
+    predictions: list[TeiEmbedResponse | TeiEmbedSparseResponse | TeiPredictResponse | TeiRerankResponse] = Field(
+        description="Each instance's answer, in order: its route's answer.")
 
 
 class TeiTokenizeResponse(RootModel[list[list[Token]]]):

@@ -439,6 +439,9 @@ TEI_REQUESTS: Battery = [
     ("rerank", "/tei/reranker/rerank", {"json": {"query": "what is it", "texts": ["a thing", "this"],
                                                  "return_text": True}, "headers": KEY}),
     ("compat embed", "/tei/st", {"json": {"inputs": "hello"}, "headers": KEY}),
+    ("vertex", "/tei/st/vertex", {"json": {"instances": [{"inputs": "hello"}, {"inputs": ["a", "b"]}]},
+                                  "headers": KEY}),
+    ("vertex wrong task", "/tei/st/vertex", {"json": {"instances": [{"query": "q", "texts": ["t"]}]}, "headers": KEY}),
     ("similarity", "/tei/st/similarity", {"json": {"inputs": {"source_sentence": "q", "sentences": ["a", "b"]}},
                                           "headers": KEY}),
     ("compat similarity", "/tei/st", {"json": {"inputs": {"source_sentence": "q", "sentences": ["a"]}},
@@ -486,13 +489,13 @@ TEI_REQUESTS: Battery = [
     ("chunked", "/tei/st/embed", {"content": [b'{"inputs": ', b'"x"}'], "headers": JSON}),
     ("percent-encoded name", "/tei/s%74/embed", {"json": {"inputs": "x"}, "headers": KEY}),
     ("trailing slash", "/tei/st/embed/", {"json": {"inputs": "x"}, "headers": KEY}),
-    ("no such route", "/tei/st/vertex", {"json": {"inputs": "x"}, "headers": KEY}),
+    ("no such route", "/tei/st/nothing", {"json": {"inputs": "x"}, "headers": KEY}),
     # while the model sheds load
     ("shedding", "/tei/st/embed", {"json": {"inputs": "x"}, "headers": KEY}),
     ("compat shedding", "/tei/st", {"json": {"inputs": "x"}, "headers": KEY}),
     ("tokenize while shedding", "/tei/st/tokenize", {"json": {"inputs": "x"}, "headers": KEY}),
 ]
-TEI_STATUS = {"no key": 401, "wrong key": 401, "unknown model": 404, "compat unknown model": 404, "wrong task": 424,
+TEI_STATUS = {"vertex wrong task": 424, "no key": 401, "wrong key": 401, "unknown model": 404, "compat unknown model": 404, "wrong task": 424,
               "openai wrong task": 424, "openai unknown model": 404, "openai invalid field": 422, "openai no key": 401,
               "no sparse output": 424, "no per-token output": 424, "empty sentences": 400,
               "bad json": 400, "compat bad json": 400, "invalid field": 422, "compat invalid field": 422,
@@ -565,7 +568,9 @@ async def test_tei_routes_answer_log_and_count_the_same_with_the_direct_routes_o
     assert _total(on.growth, "gateway_tokens_total", route="/tei/{model}/v1/embeddings", model="st") > 0
     # With them on, only what they leave to the stack reaches it: a body over the limit, a query string, a body of
     # no declared size, a percent-encoded target, and paths that are no POST route of /tei/{model}.
-    assert on.seen == ["/tei/st/embed"] * 4 + ["/tei/st/embed/", "/tei/st/vertex"]
+    assert logged["vertex"][2:5] == ("/tei/{model}/vertex", "st", 200)
+    assert _total(on.growth, "gateway_inputs_per_request_sum", route="/tei/{model}/vertex") == 3  # both instances
+    assert on.seen == ["/tei/st/embed"] * 4 + ["/tei/st/embed/", "/tei/st/nothing"]
     assert len(runs[False].seen) == len(TEI_REQUESTS)
 
 

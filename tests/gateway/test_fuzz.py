@@ -66,6 +66,7 @@ OPERATIONS = {
     "POST /tei/{model}/decode",
     "POST /tei/{model}/v1/embeddings",
     "POST /tei/{model}/embeddings",
+    "POST /tei/{model}/vertex",
     "GET /tei/{model}/info",
     "GET /tei/{model}/health",
     "POST /v2/embed",
@@ -94,7 +95,7 @@ CONFIG = {
     "seed": 20261123,
     # the TEI routes that can answer the fake embedder get it as {model}; tokenize and decode (501 for it,
     # a 5xx) and the rest keep generated names, as /tokenize and /decode do
-    "operations": [{"include-path-regex": r"^/tei/\{model\}(/embed|/embed_sparse|/embed_all|/similarity|/predict|/rerank|/info|/health|/v1/embeddings|/embeddings)?$",
+    "operations": [{"include-path-regex": r"^/tei/\{model\}(/embed|/embed_sparse|/embed_all|/similarity|/predict|/rerank|/info|/health|/v1/embeddings|/embeddings|/vertex)?$",
                     "parameters": {"path.model": TEI_MODEL}}],
     "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "deterministic": True},
     "phases": {

@@ -316,6 +316,22 @@ def test_tei_rerank_and_compat_route(url: str, peer_models: dict[str, Path]) -> 
     assert st_compat.status_code == 200 and np.asarray(st_compat.json()).shape == (1, 32)
 
 
+def test_tei_vertex_answers_each_instance_as_its_route(url: str, st: SentenceTransformer) -> None:
+    """TEI's /vertex: every instance the body of the model's route, every prediction that route's answer."""
+    embeds = [{"inputs": TEXTS[:3]}, {"inputs": "bad food", "normalize": False}, {"inputs": TEXTS[3:]}]
+    predictions = post(url, "/tei/st/vertex", {"instances": embeds}).json()["predictions"]
+    assert predictions == [post(url, "/tei/st/embed", body).json() for body in embeds]
+    np.testing.assert_allclose(predictions[0], st.encode(TEXTS[:3], normalize_embeddings=True), atol=1e-5)
+
+    pairs = [{"inputs": [[QUERY, DOCS[0]], [QUERY, DOCS[1]]], "raw_scores": True}, {"inputs": [QUERY, DOCS[2]]}]
+    assert post(url, "/tei/nli/vertex", {"instances": pairs}).json() == {
+        "predictions": [post(url, "/tei/nli/predict", body).json() for body in pairs]}
+    ranked = {"query": QUERY, "texts": DOCS, "return_text": True}
+    assert post(url, "/tei/reranker/vertex", {"instances": [ranked]}).json() == {
+        "predictions": [post(url, "/tei/reranker/rerank", ranked).json()]}
+    assert post(url, "/tei/st/vertex", {"instances": []}).json() == {"predictions": []}
+
+
 def test_tei_tokenize_decode_info_and_health(url: str, peer_models: dict[str, Path]) -> None:
     hf = AutoTokenizer.from_pretrained(peer_models["st"])
     tokens = post(url, "/tei/st/tokenize", {"inputs": "hello world"}).json()
@@ -361,7 +377,12 @@ def test_tei_tokenize_decode_info_and_health(url: str, peer_models: dict[str, Pa
         ("/tei/st/similarity", {"inputs": {"source_sentence": "", "sentences": ["a"]}}, AUTH, 400, "Empty"),
         ("/tei/reranker/similarity", {"inputs": {"source_sentence": "q", "sentences": ["a"]}}, AUTH, 424, "Backend"),
         ("/tei/st", {"inputs": {"source_sentence": "q"}}, AUTH, 422, "Validation"),
-        ("/tei/st/vertex", {"inputs": "x"}, AUTH, 404, "Validation"),
+        ("/tei/st/vertex", {"inputs": "x"}, AUTH, 422, "Validation"),  # no `instances`
+        ("/tei/st/vertex", {"instances": [{"inputs": "x"}, {"inputs": 3}]}, AUTH, 422, "Validation"),
+        ("/tei/st/vertex", {"instances": [{"inputs": "x"}, {"inputs": ""}]}, AUTH, 400, "Empty"),
+        ("/tei/st/vertex", {"instances": [{"query": "q", "texts": ["t"]}]}, AUTH, 424, "Backend"),  # no reranker
+        ("/tei/st/vertex", {"instances": [{"inputs": "x"}] * 2049}, AUTH, 422, "Validation"),
+        ("/tei/reranker/vertex", {"instances": [{"inputs": "x"}]}, AUTH, 422, "Validation"),  # a /rerank body only
     ],
 )
 def test_tei_errors_have_tei_shape(url: str, path: str, body: Any, headers: dict[str, str], status: int,
@@ -377,7 +398,7 @@ def test_openapi_documents_the_new_bodies_with_examples() -> None:
     schemas = create_app(GatewaySettings()).openapi()["components"]["schemas"]
     for name in ("TeiEmbedRequest", "TeiPredictRequest", "TeiRerankRequest", "TeiTokenizeRequest", "TeiDecodeRequest",
                  "TeiEmbedSparseRequest", "TeiEmbedAllRequest", "TeiSimilarityInput", "TeiSimilarityParameters",
-                 "TeiSparseValue",
+                 "TeiSparseValue", "TeiVertexRequest",
                  "TeiInfo", "TeiRank", "TeiPrediction", "TeiError", "TeiOpenAIError", "CohereEmbedV2Request", "CohereEmbeddings",
                  "CohereRerankV2Request", "CohereRerankV2Result", "CohereEmbedV2Response", "CohereRerankV2Response"):
         for field, value in schemas[name]["properties"].items():

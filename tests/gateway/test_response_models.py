@@ -117,6 +117,11 @@ CASES: dict[tuple[str, str], list[Case]] = {
                                                                             "model": "ignored"})],
     ("POST", "/tei/{model}/embeddings"): [Case("/tei/st/embeddings", {"input": "hello"})],
     ("POST", "/tei/{model}/decode"): [Case("/tei/st/decode", {"ids": [[2, 5, 6, 3]]})],
+    ("POST", "/tei/{model}/vertex"): [
+        Case("/tei/st/vertex", {"instances": [{"inputs": "hello"}, {"inputs": ["a", "b"], "normalize": False}]}),
+        Case("/tei/nli/vertex", {"instances": [{"inputs": PAIR}, {"inputs": [PAIR, PAIR]}]}),
+        Case("/tei/reranker/vertex", {"instances": [{"query": "q", "texts": ["a", "b"], "return_text": True}]}),
+        Case("/tei/splade5/vertex", {"instances": [{"inputs": ["deep learning"]}]}, "issue23")],
     ("GET", "/tei/{model}/info"): [Case(f"/tei/{name}/info") for name in ("st", "nli", "reranker")]
     + [Case("/tei/splade5/info", gateway="issue23")],
     ("GET", "/admin/models"): [Case("/admin/models", headers=ADMIN)],
