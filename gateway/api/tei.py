@@ -306,20 +306,12 @@ async def tei_compat_route(model: ModelName, request: Request) -> Response:
 
 
 # --- Vertex AI -------------------------------------------------------------------------------------
-# per task, the body of a /vertex instance and its handler (TEI's vertex_compatibility; a /rerank body comes first)
-_VERTEX: dict[str, tuple[type[BaseModel], Handler]] = {
-    "embed": (TeiEmbedRequest, _embed),
-    "sparse-embed": (TeiEmbedSparseRequest, _embed_sparse),
-    "classify": (TeiPredictRequest, _predict),
-    "rerank": (TeiRerankRequest, _rerank),
-}
-
-
 @tei.post("/vertex", response_class=OrjsonResponse, responses={200: {"model": TeiVertexResponse}})
 async def tei_vertex_route(model: ModelName, body: TeiVertexRequest, request: Request) -> Response:
     """TEI `/vertex` (Google Vertex AI): `{"instances": [...]}`, answered `{"predictions": [...]}`. Each instance
-    is the body of the route the model's kind takes (/embed, /embed_sparse, /predict, /rerank) and gets that
-    route's answer; one with `query` and `texts` is a /rerank body (424 when the model is no reranker), as in TEI.
+    is the body of the route the model's kind takes (/embed, /embed_sparse, /predict, /rerank: the first body
+    `POST /tei/{model}` takes) and gets that route's answer; one with `query` and `texts` is a /rerank body (424
+    when the model is no reranker), as in TEI's vertex_compatibility.
     Instances run concurrently; one that fails fails the request with its error (the others are cancelled)."""
     tasks, served = await _served(request, model)
     limit = tasks.catalog.settings.max_inputs
@@ -330,7 +322,7 @@ async def tei_vertex_route(model: ModelName, body: TeiVertexRequest, request: Re
         try:
             rerank = TeiRerankRequest.model_validate_json(instance)
         except ValidationError:
-            schema, handler = _VERTEX[served.task]
+            schema, handler = _COMPAT[served.task][0]
             try:
                 calls.append((handler, schema.model_validate_json(instance)))
             except ValidationError as exc:
