@@ -119,7 +119,9 @@ case "${1:-}" in
         label=$run-$(echo "$step" | tr ' =' '--')
         python3 -m loadtest.experiments.host_cpu --seconds 60 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
         (cd "$tree" && env ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
-           --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs" 2>&1 | grep -E "^[|] stack[^|]*[|] closed" || true)
+           --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs") > "$OUT/bench7-$label.log" 2>&1 || true
+        # the step's row, or the end of its log (a step that did not run leaves host_cpu no samples under load)
+        grep -E "^[|] stack[^|]*[|] closed" "$OUT/bench7-$label.log" || tail -5 "$OUT/bench7-$label.log"
         wait
         echo "== $label"; cat "$OUT/host-cpu-$label.txt"
       done
