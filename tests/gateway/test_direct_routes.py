@@ -495,7 +495,7 @@ TEI_REQUESTS: Battery = [
     ("compat shedding", "/tei/st", {"json": {"inputs": "x"}, "headers": KEY}),
     ("tokenize while shedding", "/tei/st/tokenize", {"json": {"inputs": "x"}, "headers": KEY}),
 ]
-TEI_STATUS = {"vertex wrong task": 424, "no key": 401, "wrong key": 401, "unknown model": 404, "compat unknown model": 404, "wrong task": 424,
+TEI_STATUS = {"no key": 401, "wrong key": 401, "unknown model": 404, "compat unknown model": 404, "wrong task": 424,
               "openai wrong task": 424, "openai unknown model": 404, "openai invalid field": 422, "openai no key": 401,
               "no sparse output": 424, "no per-token output": 424, "empty sentences": 400,
               "bad json": 400, "compat bad json": 400, "invalid field": 422, "compat invalid field": 422,
@@ -503,7 +503,7 @@ TEI_STATUS = {"vertex wrong task": 424, "no key": 401, "wrong key": 401, "unknow
               "empty text": 400, "empty texts": 400, "empty ids": 400, "unknown prompt": 422, "too long": 422,
               "unexpected exception": 500, "too many in flight": 429, "body over the limit": 413, "query string": 200,
               "chunked": 200, "percent-encoded name": 200, "trailing slash": 307, "no such route": 404,
-              "shedding": 429, "compat shedding": 429, "tokenize while shedding": 200}
+              "shedding": 429, "compat shedding": 429, "tokenize while shedding": 200, "vertex wrong task": 424}
 
 
 @contextmanager
