@@ -32,6 +32,7 @@ from contract import TOKEN_EMBEDDINGS, Task, TruncationDirection
 from gateway.api.responses import OrjsonResponse
 from gateway.api.routes import openai_embeddings, require_json, services, texts_of
 from gateway.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from gateway.api.tei_errors import TEI_OPENAI_ROUTES
 from gateway.api.tei_schemas import (
     TEI_VERSION,
     TeiClassifierModel,
@@ -142,7 +143,7 @@ async def tei_openai_embeddings_route(model: ModelName, body: OpenAIEmbeddingReq
     return await openai_embeddings(request, tasks.embed, served, body, _route(request), cut=True)
 
 
-for _path in ("/v1/embeddings", "/embeddings"):  # TEI serves both paths
+for _path in TEI_OPENAI_ROUTES:
     tei.add_api_route(_path, tei_openai_embeddings_route, methods=["POST"], response_class=OrjsonResponse,
                       name=f"tei_openai{_path.replace('/', '_')}", operation_id=f"tei_openai{_path.replace('/', '_')}",
                       responses={200: {"model": OpenAIEmbeddingResponse}, **_OPENAI_ERRORS})
