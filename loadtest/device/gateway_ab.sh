@@ -20,8 +20,8 @@
 # GATEWAY_TOKENIZER_THREADS=$(nproc) (every worker's Rust tokenizer pool as large as the host, as before that
 # setting), NAME:VAR=VALUE[,VAR=VALUE] = this one with those variables (e.g. uv:GATEWAY_LOOP=uvloop; MPS=1 runs
 # Triton's step instances as clients of a CUDA MPS daemon: mps:MPS=1; PROCS=N in `ab`: bench7's load generator in N
-# client processes instead of 5, for the same stack; CLIENT=raw in `ab`: its lean HTTP client; REPO=DIR in `ab`: that
-# repository instead of the built one).
+# client processes instead of 5, for the same stack; CLIENT=raw in `ab`: its lean HTTP client; REPO=DIR in `ab` and
+# `cpu`: that repository instead of the built one). DURATION=S in `ab`: bench7's --duration (each step's window).
 # Shipped defaults otherwise (auto workers; bench7 records how many). Results go under $OUT (device
 # tool) or ./ab-out.
 set -euo pipefail
@@ -102,7 +102,8 @@ case "${1:-}" in
       with_procs env
       repo_of env
       (cd "$tree" && env ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name "gw-$run${2:-1}" --parts scheduler \
-         --steps "$STEPS" --repository "$repo" --work "$W/bench" --out "$OUT/ab" ${procs[@]+"${procs[@]}"} 2>&1 \
+         --steps "$STEPS" --repository "$repo" --work "$W/bench" --out "$OUT/ab" ${procs[@]+"${procs[@]}"} \
+         ${DURATION:+--duration "$DURATION"} 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
       end_mps
     done
@@ -114,12 +115,13 @@ case "${1:-}" in
       [ "$run" = old ] && tree=$BEFORE
       [ "$spec" != "$run" ] && IFS=, read -ra env <<< "${spec#*:}"
       with_mps env
+      repo_of env
       IFS=, read -ra steps <<< "$STEPS"
       for step in "${steps[@]}"; do
         label=$run-$(echo "$step" | tr ' =' '--')
         python3 -m loadtest.experiments.host_cpu --seconds 60 --out "$OUT/host-cpu-$label.json" > "$OUT/host-cpu-$label.txt" &
         (cd "$tree" && env ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name "cpu-$label" --parts scheduler --steps "$step" \
-           --repository "$W/repository" --work "$W/bench" --out "$W/cpu-runs") > "$OUT/bench7-$label.log" 2>&1 || true
+           --repository "$repo" --work "$W/bench" --out "$W/cpu-runs") > "$OUT/bench7-$label.log" 2>&1 || true
         # the step's row, or the end of its log (a step that did not run leaves host_cpu no samples under load)
         grep -E "^[|] stack[^|]*[|] closed" "$OUT/bench7-$label.log" || tail -5 "$OUT/bench7-$label.log"
         wait
