@@ -57,25 +57,6 @@ def _cuda_session(path, options, device, provider_options=None):
     return session
 
 
-def _blocking_sync(device):
-    """Make this process's CUDA context on `device` block, not spin, while it waits for the GPU (the driver's
-    CU_CTX_SCHED_BLOCKING_SYNC on the primary context, before onnxruntime makes it current); a reason on failure."""
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return f"no CUDA driver: {exc}"
-    handle = ctypes.c_int()
-    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
-    for call in (lambda: cuda.cuInit(0), lambda: cuda.cuDeviceGet(ctypes.byref(handle), device),
-                 lambda: set_flags(handle, 0x04)):
-        status = call()
-        if status != 0:
-            return f"CUDA driver error {status}"
-    return "blocking sync"
-
-
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -96,8 +77,6 @@ class TritonPythonModel:
         kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"
         device = int(args.get("model_instance_device_id", "0"))
         if kind == "GPU":
-            if parameters.get("cuda_sync", {}).get("string_value", "") == "blocking":
-                pb_utils.Logger.log_info(f"{args['model_name']}: {_blocking_sync(device)}")
             self.session = _cuda_session(path, options, device)
         else:
             self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])

@@ -4,10 +4,9 @@
 #   new  the repository as the builder made it
 #   nog  the same with the step parameter cuda_graphs "false": no CUDA graphs for one-row runs
 #   gr   the same with cuda_graphs "runs": CUDA graphs for runs of many rows too, every shape captured at load
-#   bs   the same with cuda_sync "blocking": the stubs' CUDA contexts block instead of spinning in a sync
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
-for code in new nog gr bs; do
+for code in new nog gr; do
   rm -rf "$W/$code" && mkdir -p "$W/$code" && cp -r "$W/repository" "$W/$code/repository"
 done
 cat >> "$W/nog/repository/bench_onnx/config.pbtxt" <<'CFG'
@@ -28,12 +27,3 @@ parameters {
 }
 CFG
 grep -A3 cuda_graphs "$W/gr/repository/bench_onnx/config.pbtxt"
-cat >> "$W/bs/repository/bench_onnx/config.pbtxt" <<'CFG'
-parameters {
-  key: "cuda_sync"
-  value {
-    string_value: "blocking"
-  }
-}
-CFG
-grep -A3 cuda_sync "$W/bs/repository/bench_onnx/config.pbtxt"
