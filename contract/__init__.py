@@ -117,8 +117,8 @@ class Param:
     # layout packed: "true"/"false", whether runs are filled up to a few token counts (contract/packing.py,
     # filled_tokens); absent = on a GPU instance only
     FILL_TOKENS = "fill_tokens"
-    # layout packed, GPU: absent = CUDA graphs for lone short texts (the python runner's GRAPH_MAX_TOKENS); "runs" =
-    # also for runs of many rows, at contract/packing.py's graph_shapes; "false" = none
+    # layout packed, GPU: "false" turns off the CUDA graphs of lone short texts (the python runner's
+    # GRAPH_MAX_TOKENS); absent = on
     CUDA_GRAPHS = "cuda_graphs"
 
 

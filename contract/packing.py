@@ -43,10 +43,6 @@ MAX_RUN_CELLS = 1 << 26
 # (loadtest/results/h100-20g-stub-profile).
 FILL_SIZES_PER_DOUBLING = 32
 FILLER_MIN_ROW = 8  # a filler row's length when every real row is shorter
-# A many-row run replayed as a CUDA graph (the python runner's `cuda_graphs: runs`) is brought to one of a few shapes,
-# all captured at load (`graph_shape`, `graph_shapes`): rows to the next power of two above its own (filler rows take
-# the added tokens), tokens to one of 8 sizes per doubling, token_offset as wide as max_seq_len.
-GRAPH_SIZES_PER_DOUBLING = 8
 
 
 class PackingError(ValueError):
@@ -73,14 +69,13 @@ class PackedRows:
     def lengths(self) -> np.ndarray:
         return np.diff(self.cu_seqlens)
 
-    def feed(self, names: Collection[str] = GRAPH_INPUTS, width: int | None = None) -> dict[str, np.ndarray]:
+    def feed(self, names: Collection[str] = GRAPH_INPUTS) -> dict[str, np.ndarray]:
         """The packed graph's inputs named in `names` (a session's input names: a graph without mean pooling
-        reads no token_rows/row_ids, and onnxruntime refuses inputs a graph does not declare); `width`:
-        token_offset's (default the longest row), for a run of a fixed shape."""
+        reads no token_rows/row_ids, and onnxruntime refuses inputs a graph does not declare)."""
         lengths = self.lengths
         feed = {INPUT_IDS: self.input_ids, TOKEN_TYPE_IDS: self.token_type_ids, CU_SEQLENS: self.cu_seqlens}
         if TOKEN_OFFSET in names:
-            feed[TOKEN_OFFSET] = token_offset(lengths, width)
+            feed[TOKEN_OFFSET] = token_offset(lengths)
         if POSITION_IDS in names:  # a token's index minus its row's first
             starts = np.repeat(self.cu_seqlens[:-1], lengths)
             feed[POSITION_IDS] = (np.arange(self.tokens, dtype=np.int32) - starts).astype(np.int32, copy=False)
@@ -106,18 +101,6 @@ class PackedRows:
         return PackedRows(np.concatenate([self.input_ids, filler]), np.concatenate([self.token_type_ids, filler]),
                           cu_seqlens_of(np.concatenate([self.lengths, np.asarray(lengths, np.int64)])))
 
-    def shaped(self, tokens: int, rows: int) -> PackedRows:
-        """These rows, then `rows - self.rows` filler rows of token 0 sharing the `tokens - self.tokens` added tokens
-        evenly (each at least one): the run at a graph's fixed shape (`graph_shape`). As with `filled`, the real
-        rows' outputs stay as they are and come first."""
-        extra, fillers = tokens - self.tokens, rows - self.rows
-        if fillers < 0 or extra < fillers or (extra and not fillers):
-            raise PackingError(f"{self.rows} rows of {self.tokens} tokens cannot be shaped to {rows} rows of {tokens}")
-        lengths = [extra // fillers + (k < extra % fillers) for k in range(fillers)]
-        filler = np.zeros(extra, np.int32)
-        return PackedRows(np.concatenate([self.input_ids, filler]), np.concatenate([self.token_type_ids, filler]),
-                          cu_seqlens_of(np.concatenate([self.lengths, np.asarray(lengths, np.int64)])))
-
     def slice_rows(self, start: int, stop: int) -> PackedRows:
         """Rows start..stop-1 as a batch of their own (cu_seqlens re-based to 0)."""
         first, last = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])
@@ -125,12 +108,11 @@ class PackedRows:
                           (self.cu_seqlens[start:stop + 1] - first).astype(np.int32))
 
 
-def token_offset(lengths: np.ndarray, width: int | None = None) -> np.ndarray:
-    """onnxruntime's RemovePadding layout [rows, S] for rows of `lengths` (S: `width`, default the longest): the
-    padded slot b*S+s of every real token in packed order, then every padding slot in order (getTokenOffset in its
+def token_offset(lengths: np.ndarray) -> np.ndarray:
+    """onnxruntime's RemovePadding layout [rows, S] for rows of `lengths` (S: the longest): the padded slot
+    b*S+s of every real token in packed order, then every padding slot in order (getTokenOffset in its
     contrib_ops/cuda/bert/bert_padding.cu). PackedMultiHeadAttention reads S from this tensor's shape."""
-    rows = len(lengths)
-    width = width or (int(lengths.max()) if rows else 0)
+    rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
     slots = np.arange(rows * width, dtype=np.int32).reshape(rows, width)
     real = np.arange(width)[None, :] < lengths[:, None]
     return np.concatenate([slots[real], slots[~real]]).reshape(rows, width)
@@ -247,36 +229,6 @@ def filled_tokens(tokens: int, limit: int) -> int:
     `tokens` (at most 1/32 more tokens; `tokens` itself below 64); never past max(tokens, limit)."""
     step = max(1, (1 << (tokens.bit_length() - 1)) // FILL_SIZES_PER_DOUBLING)
     return min(-(-tokens // step) * step, max(tokens, limit))
-
-
-def graph_tokens(tokens: int) -> int:
-    """The token count of a graph's shape for `tokens`: the next multiple of 1/8 of the power of two at or below
-    `tokens` (at most 1/8 more), and of 8."""
-    step = max(8, (1 << max(0, tokens.bit_length() - 1)) // GRAPH_SIZES_PER_DOUBLING)
-    return -(-tokens // step) * step
-
-
-def graph_shape(rows: PackedRows, max_tokens: int, max_rows: int, max_row: int) -> tuple[int, int] | None:
-    """(tokens, rows) of the CUDA graph a run of `rows` replays at (`shaped` to it, token_offset `max_row` wide):
-    rows the next power of two above its own, tokens `graph_tokens` of its tokens and one per filler row. None
-    when that shape is not among `graph_shapes(max_tokens, max_rows, max_row)`."""
-    count = 1 << rows.rows.bit_length()
-    tokens = graph_tokens(rows.tokens + count - rows.rows)
-    if count > max_rows or tokens > max_tokens or tokens - rows.tokens > (count - rows.rows) * max_row:
-        return None
-    return tokens, count
-
-
-def graph_shapes(max_tokens: int, max_rows: int, max_row: int) -> list[tuple[int, int]]:
-    """Every shape `graph_shape` gives for runs of at most `max_tokens` tokens and fewer than `max_rows` rows of at
-    most `max_row` tokens each (and a few more), to be captured at load."""
-    sizes = sorted({t for t in map(graph_tokens, range(1, max_tokens + 1)) if t <= max_tokens})
-    shapes = []
-    count = 2
-    while count <= max_rows:
-        shapes += [(t, count) for t in sizes if count <= t <= count * max_row]
-        count *= 2
-    return shapes
 
 
 def fill_sizes(limit: int) -> list[int]:

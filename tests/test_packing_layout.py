@@ -18,9 +18,6 @@ from contract.packing import (
     fill_sizes,
     filled_tokens,
     from_rows,
-    graph_shape,
-    graph_shapes,
-    graph_tokens,
     pack_padded,
     packed_request,
 )
@@ -174,35 +171,3 @@ def test_filler_rows_follow_the_real_rows_and_keep_the_widest_row() -> None:
     assert rows.filled(9, max_row=64) is rows
     only = PackedRows(np.zeros(0, np.int32), np.zeros(0, np.int32), cu_seqlens_of([])).filled(150, max_row=64)
     assert only.lengths.tolist() == [64, 64, 22]  # a warm-up run: filler rows of max_seq_len
-
-
-def test_graph_shapes_are_few_and_hold_every_run() -> None:
-    """Runs under the graphs' limits (tokens, rows, max_seq_len) take one of `graph_shapes`, each holding the run:
-    rows the next power of two above (one filler row at least), at most 1/8 more tokens than the run and its filler
-    rows (or 7: multiples of 8), filler rows no longer than max_seq_len; `shaped` brings the run to it with the real
-    rows first and unchanged, and token_offset is as wide as max_seq_len."""
-    rng = np.random.default_rng(5)
-    shapes = set(graph_shapes(4096, 128, 512))
-    assert len(shapes) < 400
-    seen = set()
-    for _ in range(3000):
-        lengths = rng.integers(1, 513, int(rng.integers(1, 128)))
-        lengths = lengths[np.cumsum(lengths) <= 3000]
-        run = from_rows([rng.integers(5, 99, n) for n in lengths])
-        shape = graph_shape(run, 4096, 128, 512)
-        assert shape in shapes
-        seen.add(shape)
-        tokens, count = shape
-        assert count > run.rows and count & (count - 1) == 0 and count // 2 <= run.rows
-        assert tokens - (run.tokens + count - run.rows) <= max(7, (run.tokens + count - run.rows) / 8)
-        shaped = run.shaped(tokens, count)
-        assert (shaped.tokens, shaped.rows) == (tokens, count) and shaped.lengths[run.rows:].max() <= 512
-        assert shaped.lengths[run.rows:].min() >= 1 and list(shaped.lengths[:run.rows]) == list(lengths)
-        assert np.array_equal(shaped.input_ids[:run.tokens], run.input_ids)
-        assert shaped.feed(width=512)["token_offset"].shape == (count, 512)
-    assert len(seen) > 50  # the runs spread over the shapes
-    assert graph_shape(from_rows([[1] * 500] * 9), 4096, 128, 512) is None  # 4,500 tokens: over the budget
-    assert graph_shape(from_rows([[1]] * 128), 4096, 128, 512) is None  # 256 rows with its filler: over the limit
-    assert [graph_tokens(n) for n in (1, 8, 9, 64, 65, 128, 129, 1000)] == [8, 8, 16, 64, 72, 128, 144, 1024]
-    with pytest.raises(PackingError):
-        from_rows([[1, 2]]).shaped(5, 1)  # tokens to add and no filler row to hold them

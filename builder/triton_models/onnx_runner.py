@@ -91,8 +91,7 @@ class TritonPythonModel:
                 return int(parameters.get(key, {}).get("string_value", "0") or 0) or None
 
             fill = parameters.get("fill_tokens", {}).get("string_value", "")  # true/false; absent: on a GPU
-            # on a GPU: absent = lone short texts replay CUDA graphs, "runs" = runs of many rows too, "false" = none
-            graphs = parameters.get("cuda_graphs", {}).get("string_value", "")
+            graphs = parameters.get("cuda_graphs", {}).get("string_value", "")  # false turns them off on a GPU
             graph_session = None
             if kind == "GPU" and graphs != "false":
                 try:
@@ -102,7 +101,7 @@ class TritonPythonModel:
             steps = PackedSteps(self.session, self.outputs, self.max_tokens, number("max_seq_len"),
                                 (number("vocab_size"), number("type_vocab_size")),
                                 fill=fill == "true" or (not fill and kind == "GPU"), graph_session=graph_session,
-                                device=device, graph_runs=graphs == "runs")
+                                device=device)
             warmed = steps.warm_up(gpu=kind == "GPU")
             self._execute = SkipCancelled(steps)
         else:

@@ -33,8 +33,6 @@ from packing import (
     cut_runs,
     fill_sizes,
     filled_tokens,
-    graph_shape,
-    graph_shapes,
     pack_padded,
     packed_request,
 )
@@ -44,14 +42,10 @@ WARMUP_SHORT_TOKENS = 16
 MAX_ERROR_CHARS = 500
 # A run of one row of at most this many tokens (a lone short text: low load, queries) replays a CUDA graph captured
 # at load, one per token count. A graph replays the ~130 kernels of a call with one launch: on the H100 a lone
-# 11-token text took 0.6 ms instead of 1.95 (loadtest/results/h100-20j-probes). With `cuda_graphs: runs`, a run of
-# many rows of at most GRAPH_RUN_MAX_TOKENS tokens and fewer than GRAPH_RUN_MAX_ROWS rows replays one too, at one of
-# a few shapes (packing.py graph_shape), all captured at load: capturing new shapes under load measured slower than
-# 4 instances of session.run (loadtest/results/h100-20l-graph-modes). Larger runs keep session.run: their kernels
-# outlast their launches.
+# 11-token text took 0.6 ms instead of 1.95 (loadtest/results/h100-20j-probes). Longer or many-row runs
+# keep session.run: the gain shrinks with a run's size, and replaying every run at one of a few shapes measured
+# slower under load than 4 instances of session.run (loadtest/results/h100-20l-graph-modes).
 GRAPH_MAX_TOKENS = 128
-GRAPH_RUN_MAX_TOKENS = 4096
-GRAPH_RUN_MAX_ROWS = 128
 
 
 def _error_response(message, code="INVALID_ARG"):
@@ -67,73 +61,48 @@ def _tensor(request, name):
     return None if tensor is None else tensor.as_numpy()
 
 
-class RunGraphs:
-    """CUDA graphs of packed runs on an onnxruntime session made with the CUDA provider's `enable_cuda_graph`, one
-    per shape (tokens, rows), all captured at load: one-row runs of 1..GRAPH_MAX_TOKENS tokens at their own shape;
-    with `runs`, also many-row runs brought to one of packing.py's `graph_shapes` (token_offset `max_row` wide).
-    Each shape's inputs and per-row output live in device buffers bound once (IO binding), refilled in place for
-    each call; the session captures a shape's run on its third call with that shape's `gpu_graph_id` and replays it
-    after. Captured on the thread that serves execute() (onnxruntime keeps a graph in the thread that captured it)."""
+class OneRowGraphs:
+    """CUDA graphs of one-row runs of 1..max_tokens tokens, one per token count, on an onnxruntime session made
+    with the CUDA provider's `enable_cuda_graph`: each count's inputs and per-row output live in device buffers
+    bound once (IO binding), refilled in place for each call; the session captures a count's run on its third
+    call with that `gpu_graph_id` and replays it after. Captured at load, on the thread that serves execute()
+    (onnxruntime keeps a graph in the thread that captured it)."""
 
-    def __init__(self, session, output, max_row, runs=False, max_tokens=GRAPH_RUN_MAX_TOKENS, device=0,
-                 device_type="cuda"):
-        self.session, self.output, self.max_row = session, output, max_row
-        self.device, self.device_type = device, device_type  # "cpu": the same binding on a CPU session (tests)
-        self.runs, self.max_tokens = runs, max_tokens
-        self.bound = {}  # (tokens, rows) -> (input buffers, output buffer, binding, run options)
+    def __init__(self, session, output, max_tokens, device=0):
+        self.session, self.output, self.max_tokens, self.device = session, output, max_tokens, device
+        self.bound = {}  # tokens -> (input buffers, output buffer, binding, run options)
 
-    def shape_of(self, run, names):
-        """The (tokens, rows) shape `run` replays at, or None when it takes session.run."""
-        if names != [self.output]:
-            return None
-        if run.rows == 1 and run.tokens <= min(GRAPH_MAX_TOKENS, self.max_row):
-            return run.tokens, 1
-        if not self.runs:
-            return None
-        shape = graph_shape(run, self.max_tokens, GRAPH_RUN_MAX_ROWS, self.max_row)
-        return shape if shape in self.bound else None
+    def covers(self, run, names):
+        return run.rows == 1 and run.tokens <= self.max_tokens and names == [self.output]
 
-    def __call__(self, run, shape, inputs):
-        """The per-row output of `run`'s rows, replayed at `shape`."""
-        tokens, rows = shape
-        feed = run.feed(inputs) if rows == 1 else run.shaped(tokens, rows).feed(inputs, self.max_row)
-        values, output, binding, options = self.bound[shape]
-        for name, value in feed.items():
-            values[name].update_inplace(value)
-        self.session.run_with_iobinding(binding, options)
-        return output.numpy()[:run.rows]
-
-    def capture(self, shape, inputs, sample):
-        """Bind the buffers of `shape` (the output like `sample`, a regular run's) and capture its graph on rows of
-        token 0."""
+    def capture(self, feed, tokens, sample):
+        """Bind a `tokens`-token row's buffers (the output like `sample`, a regular run's) and capture its graph."""
         import onnxruntime as ort
 
-        tokens, rows = shape
-        lengths = [tokens // rows + (k < tokens % rows) for k in range(rows)]
-        ids = np.zeros(tokens, np.int32)
-        run = PackedRows(ids, np.zeros_like(ids), cu_seqlens_of(lengths))  # apart: a CPU OrtValue wraps its array
-        feed = run.feed(inputs) if rows == 1 else run.feed(inputs, self.max_row)
-        where = self.device_type, self.device
-        values = {name: ort.OrtValue.ortvalue_from_numpy(value, *where) for name, value in feed.items()}
-        output = ort.OrtValue.ortvalue_from_shape_and_type([rows, *sample.shape[1:]], sample.dtype, *where)
+        values = {name: ort.OrtValue.ortvalue_from_numpy(value, "cuda", self.device) for name, value in feed.items()}
+        output = ort.OrtValue.ortvalue_from_shape_and_type([1, *sample.shape[1:]], sample.dtype, "cuda", self.device)
         binding = self.session.io_binding()
         for name, value in values.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_output(self.output, output)
         options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(len(self.bound) + 1))  # > 0 per shape; 0 is onnxruntime's
-        self.bound[shape] = (values, output, binding, options)
+        options.add_run_config_entry("gpu_graph_id", str(tokens))  # an id > 0 per shape; 0 is onnxruntime's own
+        self.bound[tokens] = (values, output, binding, options)
         for _ in range(3):  # two ordinary runs (the arena grows), then the capture
-            self.session.run_with_iobinding(binding, options)
+            self(feed, tokens)
 
-    def warm_up(self, inputs, sample):
-        """Capture every shape: one row of 1..GRAPH_MAX_TOKENS tokens (at most max_row); with `runs`, every
-        packing.graph_shapes shape."""
-        shapes = [(tokens, 1) for tokens in range(1, min(GRAPH_MAX_TOKENS, self.max_row) + 1)]
-        if self.runs:
-            shapes += graph_shapes(self.max_tokens, GRAPH_RUN_MAX_ROWS, self.max_row)
-        for shape in shapes:
-            self.capture(shape, inputs, sample)
+    def __call__(self, feed, tokens):
+        values, output, binding, options = self.bound[tokens]
+        for name, value in feed.items():
+            values[name].update_inplace(value)
+        self.session.run_with_iobinding(binding, options)
+        return output.numpy()
+
+    def warm_up(self, inputs, sample, max_row):
+        """Capture every token count up to max_tokens (and max_row) on one row of token 0."""
+        for tokens in range(1, min(self.max_tokens, max_row) + 1):
+            ids = np.zeros(tokens, np.int32)
+            self.capture(PackedRows(ids, ids, cu_seqlens_of([tokens])).feed(inputs), tokens, sample)
         return len(self.bound)
 
 
@@ -142,12 +111,10 @@ class PackedSteps:
     per-row output (pooled embeddings, logits) first, then its per-token outputs ([T, ...] in the graph)."""
 
     def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None), fill=False,
-                 graph_session=None, device=0, graph_runs=False):
+                 graph_session=None, device=0):
         self.session, self.outputs = session, list(outputs)
-        # a second session of the graph with CUDA graphs on (GPU only): lone short texts (`graph_runs`: and runs of
-        # many rows up to GRAPH_RUN_MAX_TOKENS) replay a captured graph
-        self.graphs = RunGraphs(graph_session, self.outputs[0], max_seq_len or WARMUP_SHORT_TOKENS, graph_runs,
-                                min(GRAPH_RUN_MAX_TOKENS, max_tokens), device) if graph_session else None
+        # a second session of the graph with CUDA graphs on (GPU only): lone short texts replay a captured graph
+        self.graphs = OneRowGraphs(graph_session, self.outputs[0], GRAPH_MAX_TOKENS, device) if graph_session else None
         # on the GPU each run is filled up to one of a few token counts (packing.py, filled_tokens): cuBLAS then
         # meets each GEMM shape again instead of choosing an algorithm for a new one on nearly every call
         self.fill = fill
@@ -191,12 +158,12 @@ class PackedSteps:
         merged, failed = {}, {}
         for start, stop in cut_runs(batch.lengths, self.max_tokens):
             run = batch.slice_rows(start, stop)
-            shape = self.graphs.shape_of(run, names) if self.graphs is not None else None
-            if self.fill and shape is None:
+            graphed = self.graphs is not None and self.graphs.covers(run, names)
+            if self.fill and not graphed:
                 run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
-                outs = ([self.graphs(run, shape, self.inputs)] if shape is not None
-                        else self.session.run(names, run.feed(self.inputs)))
+                feed = run.feed(self.inputs)
+                outs = [self.graphs(feed, run.tokens)] if graphed else self.session.run(names, feed)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 for part in set(owner_of_row[start:stop].tolist()):
@@ -262,7 +229,7 @@ class PackedSteps:
             one = PackedRows(np.zeros(1, np.int32), np.zeros(1, np.int32), cu_seqlens_of([1])).feed(self.inputs)
             sample = self.session.run(self.outputs[:1], one)[0]
             try:
-                graphs = f", {self.graphs.warm_up(self.inputs, sample)} CUDA graphs captured"
+                graphs = f", {self.graphs.warm_up(self.inputs, sample, self._longest_filler())} CUDA graphs captured"
             except Exception as exc:  # noqa: BLE001 - a graph onnxruntime cannot capture: serve without graphs
                 self.graphs = None
                 graphs = f", no CUDA graphs ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"

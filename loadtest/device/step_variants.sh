@@ -3,10 +3,9 @@
 # config, for stack-check or graph_ab.sh ab (GRAPH_AB_WORK=$W CODES='new nog'):
 #   new  the repository as the builder made it
 #   nog  the same with the step parameter cuda_graphs "false": no CUDA graphs for one-row runs
-#   gr   the same with cuda_graphs "runs": CUDA graphs for runs of many rows too, every shape captured at load
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
-for code in new nog gr; do
+for code in new nog; do
   rm -rf "$W/$code" && mkdir -p "$W/$code" && cp -r "$W/repository" "$W/$code/repository"
 done
 cat >> "$W/nog/repository/bench_onnx/config.pbtxt" <<'CFG'
@@ -18,12 +17,3 @@ parameters {
 }
 CFG
 grep -A3 cuda_graphs "$W/nog/repository/bench_onnx/config.pbtxt"
-cat >> "$W/gr/repository/bench_onnx/config.pbtxt" <<'CFG'
-parameters {
-  key: "cuda_graphs"
-  value {
-    string_value: "runs"
-  }
-}
-CFG
-grep -A3 cuda_graphs "$W/gr/repository/bench_onnx/config.pbtxt"

@@ -7,12 +7,7 @@ Hugging Face's padded one, and mutations that look like real bugs show that thes
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
 from collections import Counter
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -24,8 +19,7 @@ from onnx import TensorProto, helper
 from builder.packing import GPU_ATTENTION, PackingError, cpu_form, packed_model, truly_packed
 from builder.parity import compare
 from contract import CU_SEQLENS, INPUT_IDS, POSITION_IDS, ROW_IDS, TOKEN_OFFSET, TOKEN_ROWS, TOKEN_TYPE_IDS
-import contract.packing
-from contract.packing import PackedRows, cu_seqlens_of, filled_tokens, from_rows, graph_shape, graph_shapes, pack_padded
+from contract.packing import PackedRows, cu_seqlens_of, filled_tokens, pack_padded
 from loadtest.packed_torch import ATTENTIONS, packed_output, token_offset
 from tests.builder.conftest import PackedCase, PackedGraphs
 from tests.builder.helpers import padded_rows
@@ -104,68 +98,6 @@ def test_filled_runs_answer_as_unfilled(packed_graphs: PackedGraphs, model: str,
     lengths[-1] += filled.tokens - rows.tokens
     joined = PackedRows(filled.input_ids, filled.token_type_ids, cu_seqlens_of(lengths))
     assert not np.allclose(case.run(joined.feed())[rows.rows - 1], case.run(rows.feed())[-1], rtol=1e-3, atol=1e-4)
-
-
-@pytest.mark.parametrize(("model", "task", "pooling"), [("bert", "embed", "mean"), ("xlmr-rerank", "rerank", None)])
-def test_runs_shaped_for_a_graph_answer_as_plain(packed_graphs: PackedGraphs, model: str, task: str,
-                                                 pooling: str | None) -> None:
-    """A run brought to its CUDA-graph shape (contract/packing.py graph_shape: filler rows, token_offset as wide as
-    max_seq_len) answers its real rows as the plain run, in the CPU form, whose attention scatters rows into
-    token_offset's [rows, width] layout. Its filler rows are what they are: taking them as real rows fails."""
-    case = packed_graphs.get(model, task, pooling)
-    for lengths in (LENGTHS[2], [1, 7, 33, 2]):
-        rows = pack_padded(*padded_rows(list(lengths), case.vocab, case.pairs))
-        shape = graph_shape(rows, 16384, 128, 64)
-        assert shape is not None and shape[1] > rows.rows
-        shaped = case.run(rows.shaped(*shape).feed(width=64))
-        assert shaped.shape[0] == shape[1]
-        np.testing.assert_allclose(shaped[:rows.rows], case.run(rows.feed()), rtol=1e-5, atol=1e-6)
-        assert not np.allclose(shaped[1:rows.rows + 1], case.run(rows.feed()), rtol=1e-3, atol=1e-4)
-
-
-def _packed_runner(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """builder/triton_models/packed_runner.py as the python backend's stub imports it: `packing` is the repository's
-    copy of contract/packing.py, and triton_python_backend_utils exists only in the stub (RunGraphs uses none of it)."""
-    monkeypatch.setitem(sys.modules, "packing", contract.packing)
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    path = Path(__file__).parents[2] / "builder" / "triton_models" / "packed_runner.py"
-    spec = importlib.util.spec_from_file_location("packed_runner_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("runs", [True, False])
-def test_graph_replays_answer_as_session_run(packed_graphs: PackedGraphs, monkeypatch: pytest.MonkeyPatch,
-                                             runs: bool) -> None:
-    """The runner's RunGraphs, bound on a CPU session of the CPU form (the same IO binding, buffers refilled in place
-    and shaped runs as on the GPU, without the capture): every shape is bound at load, each run within the limits
-    replays at one of them and answers as session.run on the plain run; one-row runs replay at their own shape, and
-    without `runs` only they do. Larger runs, and calls that want another output, take session.run."""
-    runner = _packed_runner(monkeypatch)
-    case = packed_graphs.get("bert", "embed", "mean")
-    session = ort.InferenceSession(case.cpu_form.SerializeToString(), providers=["CPUExecutionProvider"])
-    inputs = {i.name for i in session.get_inputs()}
-    output = session.get_outputs()[0].name
-    graphs = runner.RunGraphs(session, output, max_row=64, runs=runs, max_tokens=256, device_type="cpu")
-    sample = session.run([output], from_rows([[5, 6, 7]]).feed(inputs))[0]
-    bound = graphs.warm_up(inputs, sample)
-    assert bound == 64 + (len(graph_shapes(256, runner.GRAPH_RUN_MAX_ROWS, 64)) if runs else 0)
-    rng = np.random.default_rng(3)
-    for count in (1, 1, 2, 3, 7, 20, 60):
-        lengths = rng.integers(1, 65, count)
-        lengths = lengths[np.cumsum(lengths) <= 240]
-        run = from_rows([rng.integers(1, case.vocab, n) for n in lengths])
-        shape = graphs.shape_of(run, [output])
-        if run.rows > 1 and not runs:
-            assert shape is None
-            continue
-        assert shape in graphs.bound and (shape == (run.tokens, 1)) == (run.rows == 1)
-        replayed = graphs(run, shape, inputs)
-        np.testing.assert_allclose(replayed, session.run([output], run.feed(inputs))[0], rtol=1e-5, atol=1e-6)
-    assert graphs.shape_of(from_rows([[5] * 64] * 5), [output]) is None  # 320 tokens: over the graphs' budget
-    assert graphs.shape_of(from_rows([[5] * 3]), [output, "token_embeddings"]) is None
 
 
 def test_gpu_form_io_contract_and_fused_counts(packed_graphs: PackedGraphs) -> None:
