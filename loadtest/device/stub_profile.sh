@@ -4,6 +4,7 @@
 # script). The py-spy wheel travels in .gpu/d. Sampling in blocking mode (--native needs it) slows the stubs:
 # read shares, not times.
 #   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 PROFILE_DELAY=15 bash loadtest/device/stub_profile.sh
+# MPS=1: Triton and its stubs as clients of a CUDA MPS daemon, as compose runs them (docker/triton/mps.py).
 set -euo pipefail
 . "$(dirname "$0")/profiling.sh"
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
@@ -15,7 +16,9 @@ if [ ! -x "$spy" ]; then
   python3 -m zipfile -e "$(ls .gpu/d/whl/py_spy-*.whl | head -1)" /tmp/pyspyx && chmod +x "$spy"
 fi
 mkdir -p "$dest"
-python3 -m loadtest bench7 --name stub-profile --parts scheduler --steps "$STEP" --duration 60 \
+launch=()
+[ "${MPS:-0}" = 1 ] && launch=(env TRITON_MPS=on TRITON_MPS_DIR="$W/mps" python3 "$PWD/docker/triton/mps.py")
+${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name stub-profile --parts scheduler --steps "$STEP" --duration 60 \
   --repository "$W/repository" --work "$W/bench" --out "$W/profile-runs" > "$dest/bench7.log" 2>&1 &
 bench=$!
 wait_for_gateway >/dev/null
@@ -24,4 +27,5 @@ pids=$(pgrep -f "triton_python_backend_stub.*bench_onnx/" | head -"${STUBS:-2}" 
 # shellcheck disable=SC2086  # the stub pids, one argument each
 spy_processes "$spy" "$dest" stub "${PROFILE_SECONDS:-20}" 200 60 --native $pids
 wait "$bench" || true
+if [ "${MPS:-0}" = 1 ]; then mps_stop "$W/mps"; fi
 grep -E "^[|] stack scheduler" "$dest/bench7.log" || tail -5 "$dest/bench7.log"
