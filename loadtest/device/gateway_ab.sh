@@ -38,7 +38,6 @@ mkdir -p "$W" "$OUT"
 # alone are not (they drop its variables). with_mps ARRAY takes MPS=1 out of the named array of VAR=VALUE and sets
 # `launch`, the command prefix.
 MPS_DIR=$W/mps
-LAUNCHER=$PWD/docker/triton/mps.py
 mps_on=0
 launch=()
 with_mps() {
@@ -49,7 +48,7 @@ with_mps() {
   for v in ${mps_vars_[@]+"${mps_vars_[@]}"}; do
     if [ "$v" = MPS=1 ]; then mps_on=1; else kept+=("$v"); fi
   done
-  [ "$mps_on" = 1 ] && launch=(env TRITON_MPS=on TRITON_MPS_DIR="$MPS_DIR" python3 "$LAUNCHER")
+  if [ "$mps_on" = 1 ]; then mps_launch "$MPS_DIR"; fi
   mps_vars_=(${kept[@]+"${kept[@]}"})
 }
 # PROCS=N in a run spec is bench7's --procs N (client processes, default 5), CLIENT=raw|aiohttp its --client (the load

@@ -32,8 +32,10 @@ wait_for_gateway() {
 
 # CUDA MPS (the Multi-Process Service) around a run whose Triton the shipped launcher (docker/triton/mps.py,
 # TRITON_MPS_DIR=DIR) made a client of a daemon under DIR:
+#   mps_launch DIR  sets `launch`, the command prefix that starts a run so (run from the checkout's root)
 #   mps_env DIR     prints the variables a client of that daemon has (VAR=VALUE, one per line)
 #   mps_stop DIR    prints what the daemon says about its servers and clients, then stops it
+mps_launch() { launch=(env TRITON_MPS=on TRITON_MPS_DIR="$1" python3 "$PWD/docker/triton/mps.py"); }
 mps_env() { printf 'CUDA_MPS_PIPE_DIRECTORY=%s\nCUDA_MPS_LOG_DIRECTORY=%s\n' "$1/pipe" "$1/log"; }
 mps_stop() {
   echo get_server_list | env $(mps_env "$1") nvidia-cuda-mps-control 2>&1 | sed 's/^/mps servers: /' || true

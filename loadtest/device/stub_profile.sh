@@ -17,7 +17,7 @@ if [ ! -x "$spy" ]; then
 fi
 mkdir -p "$dest"
 launch=()
-[ "${MPS:-0}" = 1 ] && launch=(env TRITON_MPS=on TRITON_MPS_DIR="$W/mps" python3 "$PWD/docker/triton/mps.py")
+if [ "${MPS:-0}" = 1 ]; then mps_launch "$W/mps"; fi
 ${launch[@]+"${launch[@]}"} python3 -m loadtest bench7 --name stub-profile --parts scheduler --steps "$STEP" --duration 60 \
   --repository "$W/repository" --work "$W/bench" --out "$W/profile-runs" > "$dest/bench7.log" 2>&1 &
 bench=$!
