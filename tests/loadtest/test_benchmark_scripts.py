@@ -168,3 +168,18 @@ def test_cuda_graph_probe_times_each_run_and_mode(tmp_path: Path) -> None:
                                 "run 1x2 16 texts (single texts c=256)"]
     assert [len(c["per_process"]) for c in concurrent.values()] == [2, 1, 2, 1]
     assert all(c["runs_per_s"] > 0 and c["min_cosine"] > 0.99999 for c in concurrent.values())
+
+
+@pytest.mark.slow  # an experiment's smoke run (~5 s, most of it making the tokenizer): `scripts/test -m slow`
+@pytest.mark.timeout(300)
+def test_runner_cost_times_each_shape() -> None:
+    """loadtest.experiments.runner_cost: the packed runner's own Python per execute() for every (requests, rows)
+    shape, on rows of the corpus; more rows carry more tokens."""
+    proc = subprocess.run([sys.executable, "-m", "loadtest.experiments.runner_cost", "--calls", "5",
+                           "--max-seq-len", "128"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:4] for line in proc.stdout.splitlines()[2:] if line.startswith("| ")]
+    assert [shape.strip() for shape, _, _ in rows] == ["1 x 1", "1 x 8", "2 x 8", "4 x 8", "1 x 32"]
+    tokens = [int(t) for _, t, _ in rows]
+    assert tokens[0] <= 128 and tokens[1] < tokens[2] < tokens[3] and all(float(us) > 0 for _, _, us in rows)
