@@ -5,6 +5,7 @@
 # read shares, not times.
 #   STEP='single text c=256' STUBS=2 PROFILE_SECONDS=20 PROFILE_DELAY=15 bash loadtest/device/stub_profile.sh
 # MPS=1: Triton and its stubs as clients of a CUDA MPS daemon, as compose runs them (docker/triton/mps.py).
+# IDLE=1: idle samples too (py-spy --idle), so that the waits inside execute() show beside its CPU.
 set -euo pipefail
 . "$(dirname "$0")/profiling.sh"
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
@@ -25,7 +26,9 @@ wait_for_gateway >/dev/null
 sleep "${PROFILE_DELAY:-15}"  # the gateway's workers discover the model, then bench7's warm-up; the window is 60 s
 pids=$(pgrep -f "triton_python_backend_stub.*bench_onnx/" | head -"${STUBS:-2}" || true)
 # shellcheck disable=SC2086  # the stub pids, one argument each
-spy_processes "$spy" "$dest" stub "${PROFILE_SECONDS:-20}" 200 60 --native $pids
+flags=--native
+if [ "${IDLE:-0}" = 1 ]; then flags="--native --idle"; fi
+spy_processes "$spy" "$dest" stub "${PROFILE_SECONDS:-20}" 200 60 "$flags" $pids
 wait "$bench" || true
 if [ "${MPS:-0}" = 1 ]; then mps_stop "$W/mps"; fi
 grep -E "^[|] stack scheduler" "$dest/bench7.log" || tail -5 "$dest/bench7.log"

@@ -1,6 +1,7 @@
 """Where a host's CPU goes under load: cores used by each process group (the load generator, the gateway, tritonserver,
-the python-backend stubs, the rest), the gateway's by kind of thread (event loops, grpc's threads, the others), and
-the GPU's utilization, sampled every `--interval` seconds from /proc and nvidia-smi. Start it, then the load;
+the python-backend stubs, the rest), the gateway's by kind of thread (event loops, grpc's threads, the others), the
+stubs' by thread (`stub_thread_kind`: their main threads, and the others by name: onnxruntime's, CUDA's, the stub's
+own), and the GPU's utilization, sampled every `--interval` seconds from /proc and nvidia-smi. Start it, then the load;
 samples while the gateway is busy are summarized (median per group). How evenly the gateway's workers share the
 load: the busiest and the idlest worker's event loop, and the fewest and most client connections a worker holds.
 
@@ -16,6 +17,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -58,10 +60,23 @@ def cpu_ticks() -> dict[int, tuple[str, int]]:
 GRPC_THREADS = ("grpc", "event_engine", "lifeguard", "default-executo", "resolver-execut")
 
 
-def gateway_thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, int]]:
-    """(pid, tid) -> (kind, user + system ticks) of every thread of the gateway's processes `pids`. Kinds: the event
-    loop (a process's main thread), grpc's own threads (by name), the other threads (the tokenizer's: asyncio's
-    worker threads and the Rust tokenizer's pool; grpc.aio's poller)."""
+def gateway_thread_kind(pid: int, tid: int, comm: str) -> str:
+    """The event loop (a process's main thread), grpc's own threads (by name), the other threads (the tokenizer's:
+    asyncio's worker threads and the Rust tokenizer's pool; grpc.aio's poller)."""
+    return ("gateway: event loops" if tid == pid else "gateway: grpc threads" if comm.startswith(GRPC_THREADS)
+            else "gateway: other threads")
+
+
+def stub_thread_kind(pid: int, tid: int, comm: str) -> str:
+    """A stub's main thread, else the thread's name (onnxruntime's pool, CUDA's event handler, the stub's own
+    helpers) without trailing digits, so that a pool's threads add up."""
+    if tid == pid:
+        return "stubs: main threads"
+    return f"stubs: threads {comm.rstrip('0123456789_-') or 'unnamed'}"
+
+
+def thread_ticks(pids: list[int], kind_of: Callable[[int, int, str], str]) -> dict[tuple[int, int], tuple[str, int]]:
+    """(pid, tid) -> (kind, user + system ticks) of every thread of the processes `pids`; `kind_of(pid, tid, comm)`."""
     ticks: dict[tuple[int, int], tuple[str, int]] = {}
     for pid in pids:
         try:
@@ -74,10 +89,13 @@ def gateway_thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, in
                 fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            kind = ("gateway: event loops" if tid == pid else "gateway: grpc threads" if comm.startswith(GRPC_THREADS)
-                    else "gateway: other threads")
-            ticks[(pid, tid)] = (kind, int(fields[11]) + int(fields[12]))
+            ticks[(pid, tid)] = (kind_of(pid, tid, comm), int(fields[11]) + int(fields[12]))
     return ticks
+
+
+def gateway_thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, int]]:
+    """`thread_ticks` of the gateway's processes, by `gateway_thread_kind`."""
+    return thread_ticks(pids, gateway_thread_kind)
 
 
 LISTENING, ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
@@ -141,11 +159,12 @@ def sample(interval: float) -> dict[str, float]:
                             "-lms", "100"], stdout=subprocess.PIPE, text=True) if _has_nvidia_smi() else None
     before, busy0 = cpu_ticks(), host_busy()
     gateway = [pid for pid, (group, _) in before.items() if group == "gateway"]
-    threads_before = gateway_thread_ticks(gateway)
+    stubs = [pid for pid, (group, _) in before.items() if group == "stubs"]
+    threads_before = gateway_thread_ticks(gateway) | thread_ticks(stubs, stub_thread_kind)
     started = time.perf_counter()
     time.sleep(interval)  # the measurement window itself, not synchronisation
     after, busy1 = cpu_ticks(), host_busy()
-    threads_after = gateway_thread_ticks(gateway)
+    threads_after = gateway_thread_ticks(gateway) | thread_ticks(stubs, stub_thread_kind)
     elapsed = time.perf_counter() - started
     cores: dict[str, float] = {}
     for pid, (group, ticks) in after.items():
@@ -154,7 +173,8 @@ def sample(interval: float) -> dict[str, float]:
     for key, (kind, ticks) in threads_after.items():
         used = ticks - threads_before[key][1] if key in threads_before else ticks
         cores[kind] = cores.get(kind, 0.0) + used / TICKS / elapsed
-    cores["gateway threads (count)"] = float(len(threads_after))
+    cores["gateway threads (count)"] = float(sum(1 for pid, _ in threads_after if pid in gateway))
+    cores["stubs threads (count)"] = float(sum(1 for pid, _ in threads_after if pid in stubs))
     loops = {pid: (ticks - threads_before[(pid, tid)][1]) / TICKS / elapsed for (pid, tid), (kind, ticks)
              in threads_after.items() if kind == "gateway: event loops" and (pid, tid) in threads_before}
     connections = worker_connections([pid for pid in gateway if _parent(pid) in gateway])  # not uvicorn's parent

@@ -56,3 +56,28 @@ def test_connections_are_counted_on_the_port_a_process_listens_on() -> None:
         finally:
             for s in (*clients, *accepted, outgoing):
                 s.close()
+
+
+def test_a_stubs_threads_are_counted_by_kind() -> None:
+    import os
+    import threading
+
+    from loadtest.experiments.host_cpu import stub_thread_kind, thread_ticks
+
+    assert stub_thread_kind(7, 7, "triton_python_b") == "stubs: main threads"
+    assert stub_thread_kind(7, 9, "cuda-EvtHandlr") == "stubs: threads cuda-EvtHandlr"
+    # a pool's numbered threads add up under one name
+    assert stub_thread_kind(7, 10, "pool-12") == stub_thread_kind(7, 11, "pool-3") == "stubs: threads pool"
+    assert stub_thread_kind(7, 12, "42") == "stubs: threads unnamed"
+
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, name="helper")
+    helper.start()
+    try:
+        ticks = thread_ticks([os.getpid()], stub_thread_kind)
+    finally:
+        stop.set()
+        helper.join()
+    kinds = [kind for kind, _ in ticks.values()]
+    assert kinds.count("stubs: main threads") == 1  # this process's main thread; the helper is one of the others
+    assert len(kinds) >= 2 and all(ticks_ >= 0 for _, ticks_ in ticks.values())
