@@ -282,10 +282,18 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
 
 
 def worker_count(pid: int) -> int:
-    """Worker processes of a gateway (its children; 1 when it serves in-process)."""
+    """Worker processes of a gateway (its children but multiprocessing's resource tracker, which uvicorn's spawned
+    workers bring; 1 when it serves in-process)."""
     import psutil
 
-    return max(1, len(psutil.Process(pid).children()))
+    workers = 0
+    for child in psutil.Process(pid).children():
+        try:
+            if "resource_tracker" not in " ".join(child.cmdline()):
+                workers += 1
+        except psutil.Error:  # gone meanwhile
+            continue
+    return max(1, workers)
 
 
 def wait_until_served(url: str, timeout_s: float = 60.0) -> None:

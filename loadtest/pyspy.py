@@ -38,3 +38,74 @@ def summary(raw: Path, top: int = 25) -> list[str]:
     out += ["", "by inclusive time:"]
     out += [f"{total_c[f] / samples:6.1%}  {f}" for f, _ in total_c.most_common(top)]
     return out
+
+
+def _named(frame: str) -> bool:
+    return not frame.startswith("0x")  # a bare address: a native frame without symbols
+
+
+def _read(raw: Path) -> str:
+    import gzip
+
+    return gzip.decompress(raw.read_bytes()).decode() if raw.suffix == ".gz" else raw.read_text()
+
+
+def inside(raw: Path, frame: str, top: int = 25) -> list[str]:
+    """Of py-spy raw stacks (plain or .gz; with --idle, the waits too): the share of samples whose stack has a frame
+    containing `frame` (e.g. `TritonPythonModel.execute`); within those, the deepest frame with a name (native
+    frames without symbols are skipped) by share, then each frame below `frame` by inclusive share. Where a call's
+    time goes, waits included, when `frame` is the call."""
+    within: collections.Counter[str] = collections.Counter()
+    below: collections.Counter[str] = collections.Counter()
+    samples = matched = 0
+    for line in _read(raw).splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = stack.split(";")
+        if not any(frame in f for f in frames):
+            continue
+        matched += n
+        named = [f for f in frames if _named(f)]
+        within[named[-1] if named else "(no named frame)"] += n
+        first = next(i for i, f in enumerate(frames) if frame in f)
+        for f in set(frames[first + 1:]):
+            if _named(f):
+                below[f] += n
+    if not matched:
+        return [f"{samples} samples, none inside {frame}"]
+    out = [f"{samples} samples; {matched / samples:.1%} inside {frame}; deepest named frame, % of those:"]
+    out += [f"{n / matched:6.1%}  {f}" for f, n in within.most_common(top)]
+    out += ["", f"frames below {frame}, inclusive, % of those:"]
+    out += [f"{n / matched:6.1%}  {f}" for f, n in below.most_common(top)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m loadtest.pyspy", description="Summarise a py-spy raw profile.")
+    parser.add_argument("raw", type=Path, help="py-spy --format raw output (plain or .gz)")
+    parser.add_argument("--inside", metavar="FRAME", help="where the samples inside FRAME go (else: self and inclusive)")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    if args.inside:
+        print("\n".join(inside(args.raw, args.inside, args.top)))
+    else:
+        raw = args.raw
+        if raw.suffix == ".gz":  # summary reads plain text
+            import tempfile
+
+            with tempfile.NamedTemporaryFile("w", suffix=".raw") as plain:
+                plain.write(_read(raw))
+                plain.flush()
+                print("\n".join(summary(Path(plain.name), args.top)))
+            return 0
+        print("\n".join(summary(raw, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -73,3 +73,38 @@ def test_a_step_without_batches_has_no_figures_to_divide() -> None:
     assert stats["gateway_to_triton_ms"] == 0.0 and stats["batches"] == 0.0
     assert all(math.isnan(stats[k]) for k in ("padding_ratio", "mean_batch_texts", "gateway_request_ms",
                                               "tokenize_ms", "oldest_queue_wait_ms"))
+
+
+def test_the_gateways_workers_are_counted_without_multiprocessing_s_resource_tracker(tmp_path) -> None:
+    """uvicorn spawns its workers, and spawning starts multiprocessing's resource tracker, a child of the gateway
+    too: a parent with 3 spawned children has 3 workers (bench7 used to say 4)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from loadtest.bench7 import worker_count
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import multiprocessing as mp, sys\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('spawn')\n"
+        "    stop = ctx.Event()\n"
+        "    workers = [ctx.Process(target=stop.wait) for _ in range(3)]\n"
+        "    for w in workers: w.start()\n"
+        "    print('up', flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    stop.set()\n"
+        "    for w in workers: w.join()\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "up"
+        children = [" ".join(c.cmdline()) for c in psutil.Process(parent.pid).children()]
+        assert any("resource_tracker" in c for c in children), children  # what the count must leave out
+        assert worker_count(parent.pid) == 3
+    finally:
+        assert parent.stdin is not None
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        parent.wait(timeout=30)
