@@ -1,9 +1,12 @@
-"""py-spy on a running process (a gateway worker under load): sample it, summarise the stacks by function."""
+"""py-spy on a running process (a gateway worker under load): sample it, summarise the stacks by function, or say
+where the samples inside one call go (`python -m loadtest.pyspy RAW --inside FRAME`)."""
 
 from __future__ import annotations
 
 import collections
+import gzip
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -17,17 +20,13 @@ def profile(pid: int, seconds: float, raw: Path, top: int = 25) -> list[str]:
 
 
 def summary(raw: Path, top: int = 25) -> list[str]:
-    """py-spy raw (collapsed) stacks -> lines 'self% total% function (file:line)', then by inclusive time."""
+    """py-spy raw (collapsed) stacks (plain or .gz) -> lines 'self% total% function (file:line)', then by inclusive
+    time."""
     self_c: collections.Counter[str] = collections.Counter()
     total_c: collections.Counter[str] = collections.Counter()
     samples = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
+    for frames, n in _stacks(raw):
         samples += n
-        frames = stack.split(";")
         for f in set(frames):
             total_c[f] += n
         self_c[frames[-1]] += n
@@ -44,10 +43,13 @@ def _named(frame: str) -> bool:
     return not frame.startswith("0x")  # a bare address: a native frame without symbols
 
 
-def _read(raw: Path) -> str:
-    import gzip
-
-    return gzip.decompress(raw.read_bytes()).decode() if raw.suffix == ".gz" else raw.read_text()
+def _stacks(raw: Path) -> Iterator[tuple[list[str], int]]:
+    """(frames, outermost first; samples) of each line of a py-spy raw profile, plain or .gz."""
+    text = gzip.decompress(raw.read_bytes()).decode() if raw.suffix == ".gz" else raw.read_text()
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            yield stack.split(";"), int(count)
 
 
 def inside(raw: Path, frame: str, top: int = 25) -> list[str]:
@@ -58,19 +60,14 @@ def inside(raw: Path, frame: str, top: int = 25) -> list[str]:
     within: collections.Counter[str] = collections.Counter()
     below: collections.Counter[str] = collections.Counter()
     samples = matched = 0
-    for line in _read(raw).splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
+    for frames, n in _stacks(raw):
         samples += n
-        frames = stack.split(";")
-        if not any(frame in f for f in frames):
+        first = next((i for i, f in enumerate(frames) if frame in f), None)
+        if first is None:
             continue
         matched += n
         named = [f for f in frames if _named(f)]
         within[named[-1] if named else "(no named frame)"] += n
-        first = next(i for i, f in enumerate(frames) if frame in f)
         for f in set(frames[first + 1:]):
             if _named(f):
                 below[f] += n
@@ -91,19 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inside", metavar="FRAME", help="where the samples inside FRAME go (else: self and inclusive)")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
-    if args.inside:
-        print("\n".join(inside(args.raw, args.inside, args.top)))
-    else:
-        raw = args.raw
-        if raw.suffix == ".gz":  # summary reads plain text
-            import tempfile
-
-            with tempfile.NamedTemporaryFile("w", suffix=".raw") as plain:
-                plain.write(_read(raw))
-                plain.flush()
-                print("\n".join(summary(Path(plain.name), args.top)))
-            return 0
-        print("\n".join(summary(raw, args.top)))
+    lines = inside(args.raw, args.inside, args.top) if args.inside else summary(args.raw, args.top)
+    print("\n".join(lines))
     return 0
 
 

@@ -93,11 +93,6 @@ def thread_ticks(pids: list[int], kind_of: Callable[[int, int, str], str]) -> di
     return ticks
 
 
-def gateway_thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, int]]:
-    """`thread_ticks` of the gateway's processes, by `gateway_thread_kind`."""
-    return thread_ticks(pids, gateway_thread_kind)
-
-
 LISTENING, ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
 
 
@@ -160,11 +155,15 @@ def sample(interval: float) -> dict[str, float]:
     before, busy0 = cpu_ticks(), host_busy()
     gateway = [pid for pid, (group, _) in before.items() if group == "gateway"]
     stubs = [pid for pid, (group, _) in before.items() if group == "stubs"]
-    threads_before = gateway_thread_ticks(gateway) | thread_ticks(stubs, stub_thread_kind)
+
+    def threads() -> dict[tuple[int, int], tuple[str, int]]:
+        return thread_ticks(gateway, gateway_thread_kind) | thread_ticks(stubs, stub_thread_kind)
+
+    threads_before = threads()
     started = time.perf_counter()
     time.sleep(interval)  # the measurement window itself, not synchronisation
     after, busy1 = cpu_ticks(), host_busy()
-    threads_after = gateway_thread_ticks(gateway) | thread_ticks(stubs, stub_thread_kind)
+    threads_after = threads()
     elapsed = time.perf_counter() - started
     cores: dict[str, float] = {}
     for pid, (group, ticks) in after.items():
