@@ -109,17 +109,32 @@ def batching_stats(delta: dict[str, float]) -> dict[str, float]:
 
 
 def step_stats(grpc_url: str, model: str) -> dict[str, float]:
-    """Triton's cumulative statistics of one model: executions, and queue / compute ns summed over requests."""
+    """Triton's cumulative statistics of one model: executions, requests, and ns summed over requests of each
+    request's whole time in Triton (`success`) and of its queue and compute parts."""
     import tritonclient.grpc as grpcclient
 
     stats = grpcclient.InferenceServerClient(grpc_url).get_inference_statistics(model, as_json=True)
     entry = stats["model_stats"][0]
     inference = entry["inference_stats"]
     out = {"executions": float(entry.get("execution_count", 0)),
-           "requests": float(inference.get("success", {}).get("count", 0))}
+           "requests": float(inference.get("success", {}).get("count", 0)),
+           "success": float(inference.get("success", {}).get("ns", 0))}
     for key in ("queue", "compute_input", "compute_infer", "compute_output"):  # zero fields are left out
         out[key] = float(inference.get(key, {}).get("ns", 0))
     return out
+
+
+def triton_times(delta: dict[str, float]) -> dict[str, float]:
+    """Per request, from the difference of two `step_stats`: Triton's whole time (`triton_request_ms`: from the
+    request's arrival in Triton's core to its response), its queue and its compute, in ms; executions."""
+    requests = delta["requests"] or 1.0
+    return {
+        "triton_executions": delta["executions"],
+        "triton_request_ms_per_request": delta["success"] / requests / 1e6,
+        "triton_queue_ms_per_request": delta["queue"] / requests / 1e6,
+        "triton_compute_ms_per_request": (delta["compute_input"] + delta["compute_infer"] + delta["compute_output"])
+        / requests / 1e6,
+    }
 
 
 def token_lengths(model_dir: Path, texts: list[str]) -> list[int]:
@@ -227,14 +242,7 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
             batching[result.label] = batching_stats(delta)
             if triton_before:
                 after_t = step_stats(args.triton_grpc, "bench_onnx")
-                d = {k: after_t[k] - triton_before[k] for k in after_t}
-                requests = d["requests"] or 1.0
-                batching[result.label].update({
-                    "triton_executions": d["executions"],
-                    "triton_queue_ms_per_request": d["queue"] / requests / 1e6,
-                    "triton_compute_ms_per_request": (d["compute_input"] + d["compute_infer"] + d["compute_output"])
-                    / requests / 1e6,
-                })
+                batching[result.label].update(triton_times({k: after_t[k] - triton_before[k] for k in after_t}))
         print(f"  {result.label:<42} {result.items_per_s:9.0f} texts/s  p50 {result.latency_ms.p50:8.2f} ms  "
               f"p99 {result.latency_ms.p99:8.2f} ms  errors {result.errors} (warm-up {result.warmup_errors}) "
               f"{result.error_samples[:2]} {batching.get(result.label, '')}",

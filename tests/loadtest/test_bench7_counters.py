@@ -108,3 +108,25 @@ def test_the_gateways_workers_are_counted_without_multiprocessing_s_resource_tra
         parent.stdin.write("\n")
         parent.stdin.flush()
         parent.wait(timeout=30)
+
+
+def test_tritons_own_time_per_request_holds_its_queue_and_compute(fake_triton) -> None:
+    """bench7's split of the gateway's round trip: Triton's statistics of a real step, before and after a few calls;
+    each request's whole time in Triton is at least its queue and compute parts."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from loadtest.bench7 import step_stats, triton_times
+
+    before = step_stats(fake_triton.grpc_url, "fakeemb_onnx")
+    client = grpcclient.InferenceServerClient(fake_triton.grpc_url)
+    for text in (b"one", b"two texts", b"three"):
+        tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[text]], dtype=object))
+        client.infer("fakeemb_onnx", [tensor])
+    after = step_stats(fake_triton.grpc_url, "fakeemb_onnx")
+    times = triton_times({k: after[k] - before[k] for k in after})
+    assert times["triton_executions"] == 3
+    assert times["triton_compute_ms_per_request"] > 0
+    assert times["triton_request_ms_per_request"] >= times["triton_queue_ms_per_request"] + \
+        times["triton_compute_ms_per_request"]
