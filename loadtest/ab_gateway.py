@@ -2,6 +2,7 @@
 
     PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest ab-gateway --before REV [--rounds 8] [--out DIR]
         [--before-setting KEY=VALUE ...] [--after-setting KEY=VALUE ...] [--path /tei/bert/embed]
+        [--clients 16] [--echo-step]
 
 A setting (a gateway setting's name, as GATEWAY_KEY) compares one revision against itself: `--before HEAD
 --after-setting loop=uvloop`.
@@ -10,9 +11,11 @@ Builds loadtest/models.py's `small` BERT embedder (--runtime python, CPU), start
 on it and two gateways (one worker each, scheduler pipeline, system shm): `before` runs a git
 worktree of REV, `after` this checkout. Each round times, for both gateways in turn (order
 alternating): 200 sequential `/embed` calls of 1 text, 50 of 8 texts (latency), 2000 calls of
-1 text from 16 concurrent keep-alive connections (throughput, and the gateway's own CPU time per
-request: user + system of its processes), and 150 calls of 32 texts from 4 connections (CPU per request),
-on the realistic corpus (loadtest/corpus.py). `--path` times another route that takes `{"inputs": [...]}`
+1 text from 16 (`--clients`) concurrent keep-alive connections (throughput, the gateway's own CPU time per
+request: user + system of its processes, and where a request's time goes inside it, from its /metrics as
+bench7 reads them), and 150 calls of 32 texts from 4 connections (CPU per request), on the realistic corpus
+(loadtest/corpus.py). `--echo-step` serves a model step that computes nothing (loadtest/echo_step), so that
+the gateway, not the CPU model, is what the concurrent phase loads: what the GPU host's fast step leaves it. `--path` times another route that takes `{"inputs": [...]}`
 (TEI's `/tei/bert/embed`).
 Prints medians over rounds and the after/before ratios; `--out` writes results.json + summary.md.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -81,6 +85,14 @@ async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch
     return calls / (time.perf_counter() - start)
 
 
+def echo_steps(repository: Path) -> list[str]:
+    """Each model step of `repository` (`*_onnx`) made to compute nothing: loadtest/echo_step's model.py."""
+    steps = sorted(p for p in repository.iterdir() if p.name.endswith("_onnx") and (p / "1" / "model.py").exists())
+    for step in steps:
+        shutil.copy(REPO_ROOT / "loadtest" / "echo_step" / "model.py", step / "1" / "model.py")
+    return [step.name for step in steps]
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and its children (a gateway's uvicorn workers)."""
     import psutil
@@ -93,11 +105,19 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int, path: str = "/embed"
-                  ) -> dict[str, dict[str, list[float]]]:
+STAGES = {"tokenizing ms": "tokenize_ms", "oldest text in the batch queue ms": "oldest_queue_wait_ms",
+          "round trip to Triton ms": "gateway_to_triton_ms", "gateway time per request ms": "gateway_request_ms",
+          "texts per batch": "mean_batch_texts"}  # of the concurrent phase, from the gateway's /metrics (bench7's)
+
+
+async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int, path: str = "/embed",
+                  clients: int = 16) -> dict[str, dict[str, list[float]]]:
+    from loadtest.bench7 import batching_stats, scheduler_counters
+
+    rate = f"{clients} clients req/s"
     results: dict[str, dict[str, list[float]]] = {
-        label: {"1 text ms": [], "8 texts ms": [], "16 clients req/s": [], "gateway CPU us per 1-text request": [],
-                "gateway CPU us per 32-text request": []}
+        label: {"1 text ms": [], "8 texts ms": [], rate: [], "gateway CPU us per 1-text request": [],
+                "gateway CPU us per 32-text request": [], **{stage: [] for stage in STAGES}}
         for label in LABELS}
     limits = httpx.Limits(max_connections=32)
     async with httpx.AsyncClient(base_url=urls["before"], limits=limits, timeout=60) as before, \
@@ -110,10 +130,14 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
                 client, out = clients[label], results[label]
                 out["1 text ms"].append(await sequential(client, texts, 1, 200, path) * 1e3)
                 out["8 texts ms"].append(await sequential(client, texts, 8, 50, path) * 1e3)
-                cpu = cpu_seconds(pids[label])
-                out["16 clients req/s"].append(await concurrent(urls[label], texts, 16, CONCURRENT_CALLS, path=path))
+                cpu, counters = cpu_seconds(pids[label]), scheduler_counters(urls[label])
+                out[rate].append(await concurrent(urls[label], texts, clients, CONCURRENT_CALLS, path=path))
                 out["gateway CPU us per 1-text request"].append(
                     (cpu_seconds(pids[label]) - cpu) / CONCURRENT_CALLS * 1e6)
+                after_counters = scheduler_counters(urls[label])
+                stages = batching_stats({k: after_counters[k] - counters[k] for k in after_counters})
+                for stage, key in STAGES.items():
+                    out[stage].append(stages[key])
                 cpu = cpu_seconds(pids[label])
                 await concurrent(urls[label], texts, 4, BATCH_CALLS, batch=32, path=path)
                 out["gateway CPU us per 32-text request"].append((cpu_seconds(pids[label]) - cpu) / BATCH_CALLS * 1e6)
@@ -126,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, help="directory for results.json and summary.md")
     parser.add_argument("--path", default="/embed", help="the route timed: /embed, or TEI's /tei/bert/embed")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent connections of the single-text phase")
+    parser.add_argument("--echo-step", action="store_true",
+                        help="the model step computes nothing (loadtest/echo_step): the gateway is what is loaded")
     for label in LABELS:
         parser.add_argument(f"--{label}-setting", action="append", default=[], metavar="KEY=VALUE",
                             help=f"a gateway setting of `{label}` (repeatable)")
@@ -142,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             repository = root / "repository"
             build_repository(repository, [{"model": str(model), "task": "embed", "name": "bert"}],
                              runtime="python", formats="onnx", device="cpu", max_seq_len=128, max_batch_size=64)
+            if args.echo_step:
+                echo_steps(repository)
             settings = {"repository": str(repository), "pipeline": "scheduler"}
             with TritonServer(repository=repository, log_path=root / "triton.log") as server, \
                     GatewayProcess(server.grpc_url, settings={**settings, **extra["before"], "shm_prefix": "abbefore"},
@@ -151,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert before.process is not None and after.process is not None
                 results = asyncio.run(measure({"before": before.url, "after": after.url},
                                               {"before": before.process.pid, "after": after.process.pid},
-                                              texts, args.rounds, args.path))
+                                              texts, args.rounds, args.path, args.clients))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO_ROOT, check=False)
     rows = ["| measure | before | after | after/before |", "| --- | --- | --- | --- |"]
@@ -159,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         b, a = (statistics.median(results[label][measure_name]) for label in LABELS)
         rows.append(f"| {measure_name} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
     table = "\n".join(rows)
+    step = "its step computing nothing (--echo-step)" if args.echo_step else "CPU"
     head = (f"before = {args.before} {extra['before'] or ''}, after = working tree {extra['after'] or ''}; "
             f"POST {args.path}; "
-            "small BERT embedder (--runtime python, CPU, "
+            f"small BERT embedder (--runtime python, {step}, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
             "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) "
             "and the 4-client phase (32 texts)")
@@ -170,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
             {"before": args.before, "settings": extra, "rounds": args.rounds, "path": args.path,
+             "clients": args.clients, "echo_step": args.echo_step,
              "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
         (args.out / "summary.md").write_text(f"# Gateway A/B\n\n{head}\n\n{table}\n")
     return 0

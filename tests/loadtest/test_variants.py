@@ -49,3 +49,19 @@ def test_pad_to_max_length_sets_one_bucket(tmp_path: Path) -> None:
     padded = pad_to_max_length(tok, tmp_path / "padded")
     assert read_config(padded / "fakeemb_onnx").parameters["length_buckets"].string_value == "64"
     assert read_config(tok / "fakeemb_onnx").parameters["length_buckets"].string_value == "16,32,64"
+
+
+def test_ab_gateways_echo_steps_replace_the_model_steps_only(tmp_path) -> None:
+    """`ab-gateway --echo-step`: each `*_onnx` step answers zeros (loadtest/echo_step); the tokenizer and the
+    ensemble keep theirs."""
+    from loadtest.ab_gateway import echo_steps
+    from devstack.tritonserver import REPO_ROOT
+
+    for name in ("bert_onnx", "bert_tokenizer", "bert_onnx_ensemble"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        if name != "bert_onnx_ensemble":
+            (tmp_path / name / "1" / "model.py").write_text(f"# {name}\n")
+    assert echo_steps(tmp_path) == ["bert_onnx"]
+    echo = (REPO_ROOT / "loadtest" / "echo_step" / "model.py").read_text()
+    assert (tmp_path / "bert_onnx" / "1" / "model.py").read_text() == echo
+    assert (tmp_path / "bert_tokenizer" / "1" / "model.py").read_text() == "# bert_tokenizer\n"
