@@ -111,10 +111,10 @@ STAGES = {"tokenizing ms": "tokenize_ms", "oldest text in the batch queue ms": "
 
 
 async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int, path: str = "/embed",
-                  clients: int = 16) -> dict[str, dict[str, list[float]]]:
+                  concurrency: int = 16) -> dict[str, dict[str, list[float]]]:
     from loadtest.bench7 import batching_stats, scheduler_counters
 
-    rate = f"{clients} clients req/s"
+    rate = f"{concurrency} clients req/s"
     results: dict[str, dict[str, list[float]]] = {
         label: {"1 text ms": [], "8 texts ms": [], rate: [], "gateway CPU us per 1-text request": [],
                 "gateway CPU us per 32-text request": [], **{stage: [] for stage in STAGES}}
@@ -131,7 +131,7 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
                 out["1 text ms"].append(await sequential(client, texts, 1, 200, path) * 1e3)
                 out["8 texts ms"].append(await sequential(client, texts, 8, 50, path) * 1e3)
                 cpu, counters = cpu_seconds(pids[label]), scheduler_counters(urls[label])
-                out[rate].append(await concurrent(urls[label], texts, clients, CONCURRENT_CALLS, path=path))
+                out[rate].append(await concurrent(urls[label], texts, concurrency, CONCURRENT_CALLS, path=path))
                 out["gateway CPU us per 1-text request"].append(
                     (cpu_seconds(pids[label]) - cpu) / CONCURRENT_CALLS * 1e6)
                 after_counters = scheduler_counters(urls[label])
