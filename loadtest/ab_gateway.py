@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             f"POST {args.path}; "
             f"small BERT embedder (--runtime python, {step}, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
-            "alternating rounds; CPU: the gateway process's own user+system time over the 16-client phase (1 text) "
-            "and the 4-client phase (32 texts)")
+            f"alternating rounds; CPU: the gateway process's own user+system time over the {args.clients}-client "
+            "phase (1 text) and the 4-client phase (32 texts); stage times: its /metrics over the first of them")
     print(head + "\n\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
