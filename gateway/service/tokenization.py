@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,33 +80,38 @@ class _Job:
         return self.pairs is not None, self.direction
 
 
+Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # a waiting caller's future, its result or error
+
+
 class TokenizerQueue:
     """Tokenizes for one model off the event loop: the texts of concurrent requests are encoded
     together by one `encode_batch` in a worker thread (the Rust tokenizer releases the GIL and
-    runs on several cores), while the next requests gather behind it. A small request that finds
-    the tokenizer idle is encoded inline: at low load that is quicker than a thread hop. A very long
-    request is encoded in a thread of its own, so that the short ones never wait behind it. Other work
-    on the tokenizer (`call`: /tokenize, /decode) follows the same rule."""
+    runs on several cores), while the next requests gather behind it. The thread drains the queue
+    itself, turn after turn, and hands each turn's results to the event loop in one callback: the
+    loop spends no task and no wake-up on a turn, and the next turn does not wait for the loop.
+    A small request that finds the tokenizer idle is encoded inline: at low load that is quicker
+    than a thread hop. A very long request is encoded in a thread of its own, so that the short
+    ones never wait behind it. Other work on the tokenizer (`call`: /tokenize, /decode) follows the
+    same rule."""
 
     SOLO_CHARS = 32_768
 
     def __init__(self, encoder: TextEncoder, inline_chars: int) -> None:
         self.encoder = encoder
         self.inline_chars = inline_chars
+        self._lock = threading.Lock()  # _waiting and _busy, shared by the event loop and the draining thread
         self._waiting: list[_Job | _Call] = []
-        self._busy = False
+        self._busy = False  # a thread is draining _waiting
 
     async def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right") -> EncodedTexts:
         """Token ids of `texts` (or of the pairs texts[i], pairs[i]) under the contract's rule."""
         chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs is not None else 0)
         if chars > self.SOLO_CHARS:
             return await asyncio.to_thread(self.encoder.encode, texts, pairs, direction)
-        if not self._busy and not self._waiting and chars <= self.inline_chars:
+        if self._idle(chars):
             return self.encoder.encode(texts, pairs, direction)
         future: asyncio.Future[EncodedTexts] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Job(texts, pairs, direction, future))
-        if not self._busy:
-            self._next()
+        self._enqueue(_Job(texts, pairs, direction, future))
         return await future
 
     async def call(self, work: Callable[[], T], chars: int) -> T:
@@ -113,58 +119,93 @@ class TokenizerQueue:
         inline when small and the tokenizer is idle, in a thread of its own when very large, else in turn."""
         if chars > self.SOLO_CHARS:
             return await asyncio.to_thread(work)
-        if not self._busy and not self._waiting and chars <= self.inline_chars:
+        if self._idle(chars):
             return work()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Call(work, future))
-        if not self._busy:
-            self._next()
+        self._enqueue(_Call(work, future))
         return await future
 
-    def _next(self) -> None:
-        jobs, self._waiting = self._waiting, []
-        self._busy = True
-        asyncio.get_running_loop().create_task(self._run(jobs))
+    def _idle(self, chars: int) -> bool:
+        """Whether work of `chars` characters runs inline: small, and nothing queued or running. Read without the
+        lock: only this (the loop's) thread queues work or starts a drain; the draining thread only empties the
+        queue and stops, which can only turn False into True."""
+        return chars <= self.inline_chars and not self._busy and not self._waiting
 
-    async def _run(self, jobs: list[_Job | _Call]) -> None:
+    def _enqueue(self, job: _Job | _Call) -> None:
+        """Queue `job`; start a draining thread if none runs."""
+        with self._lock:
+            self._waiting.append(job)
+            if self._busy:
+                return
+            self._busy = True
+        loop = asyncio.get_running_loop()
         try:
-            groups: dict[tuple[bool, str], list[_Job]] = {}
-            for job in jobs:  # one encode_batch per kind: texts or pairs, truncation direction
-                if isinstance(job, _Job):
-                    groups.setdefault(job.kind, []).append(job)
-            for group in groups.values():
-                await self._encode_group(group)
-            for call in jobs:
-                if isinstance(call, _Call):
-                    await self._call(call)
-        except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-        finally:
-            self._busy = False
-            if self._waiting:
-                self._next()
+            loop.run_in_executor(None, self._drain, loop)
+        except BaseException:  # e.g. the executor is shut down: this job is not queued
+            with self._lock:  # nothing else was queued: the queue was empty when no thread ran
+                self._waiting.remove(job)
+                self._busy = False
+            raise
 
-    @staticmethod
-    async def _call(call: _Call) -> None:
-        try:
-            result = await asyncio.to_thread(call.work)
-        except Exception as exc:  # noqa: BLE001 - its caller hears about it
-            if not call.future.done():
-                call.future.set_exception(exc)
-            return
-        if not call.future.done():
-            call.future.set_result(result)
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In a worker thread: turn after turn, take what waits, encode it, hand the results to the loop; stop when
+        nothing waits."""
+        while True:
+            with self._lock:
+                jobs, self._waiting = self._waiting, []
+                if not jobs:
+                    self._busy = False
+                    return
+            outcomes = self._turn(jobs)
+            try:
+                loop.call_soon_threadsafe(_deliver, outcomes)
+            except RuntimeError:  # the loop is closed: nobody waits for these
+                with self._lock:
+                    self._waiting.clear()
+                    self._busy = False
+                return
 
-    async def _encode_group(self, jobs: list[_Job]) -> None:
+    def _turn(self, jobs: list[_Job | _Call]) -> list[Outcome]:
+        """One turn's outcomes: one encode_batch per kind of job (texts or pairs, truncation direction), then the
+        calls, in order."""
+        outcomes: list[Outcome] = []
+        groups: dict[tuple[bool, str], list[_Job]] = {}
+        for job in jobs:
+            if isinstance(job, _Job):
+                groups.setdefault(job.kind, []).append(job)
+        for group in groups.values():
+            outcomes += self._encode_group(group)
+        for call in jobs:
+            if isinstance(call, _Call):
+                try:
+                    outcomes.append((call.future, call.work(), None))
+                except Exception as exc:  # noqa: BLE001 - its caller hears about it
+                    outcomes.append((call.future, None, exc))
+        return outcomes
+
+    def _encode_group(self, jobs: list[_Job]) -> list[Outcome]:
         texts = [t for job in jobs for t in job.texts]
         pairs = [p for job in jobs for p in job.pairs or ()] if jobs[0].pairs is not None else None
-        encoded = await asyncio.to_thread(self.encoder.encode, texts, pairs, jobs[0].direction)
+        try:
+            encoded = self.encoder.encode(texts, pairs, jobs[0].direction)
+        except Exception as exc:  # noqa: BLE001 - every request of the group must hear about it
+            return [(job.future, None, exc) for job in jobs]
+        outcomes: list[Outcome] = []
         start = 0
         for job in jobs:
             part = slice(start, start + len(job.texts))
             start += len(job.texts)
-            if not job.future.done():
-                types = encoded.type_ids[part] if encoded.type_ids is not None else None
-                job.future.set_result(EncodedTexts(encoded.ids[part], types, encoded.num_tokens[part]))
+            types = encoded.type_ids[part] if encoded.type_ids is not None else None
+            outcomes.append((job.future, EncodedTexts(encoded.ids[part], types, encoded.num_tokens[part]), None))
+        return outcomes
+
+
+def _deliver(outcomes: list[Outcome]) -> None:
+    """On the event loop: each waiting caller gets its result or error (one that gave up meanwhile, nothing)."""
+    for future, result, error in outcomes:
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
