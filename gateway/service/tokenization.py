@@ -156,7 +156,10 @@ class TokenizerQueue:
                 if not jobs:
                     self._busy = False
                     return
-            outcomes = self._turn(jobs)
+            try:
+                outcomes = self._turn(jobs)
+            except Exception as exc:  # noqa: BLE001 - _turn answers failures; a bug must not leave callers waiting
+                outcomes = [(job.future, None, exc) for job in jobs]
             try:
                 loop.call_soon_threadsafe(_deliver, outcomes)
             except RuntimeError:  # the loop is closed: nobody waits for these
