@@ -15,8 +15,8 @@ alternating): 200 sequential `/embed` calls of 1 text, 50 of 8 texts (latency), 
 request: user + system of its processes, and where a request's time goes inside it, from its /metrics as
 bench7 reads them), and 150 calls of 32 texts from 4 connections (CPU per request), on the realistic corpus
 (loadtest/corpus.py). `--echo-step` serves a model step that computes nothing (loadtest/echo_step), so that
-the gateway, not the CPU model, is what the concurrent phase loads: what the GPU host's fast step leaves it. `--path` times another route that takes `{"inputs": [...]}`
-(TEI's `/tei/bert/embed`).
+the gateway, not the CPU model, is what the concurrent phase loads: what the GPU host's fast step leaves it.
+`--path` times another route that takes `{"inputs": [...]}` (TEI's `/tei/bert/embed`).
 Prints medians over rounds and the after/before ratios; `--out` writes results.json + summary.md.
 """
 
@@ -40,6 +40,7 @@ from devstack.tritonserver import REPO_ROOT, TritonServer
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.machine import describe_machine
 from loadtest.models import make_bert
+from loadtest.stack_check import ECHO_MODEL_PY
 from tests.fixtures.repository import build_repository
 
 LABELS = ("before", "after")
@@ -89,7 +90,7 @@ def echo_steps(repository: Path) -> list[str]:
     """Each model step of `repository` (`*_onnx`) made to compute nothing: loadtest/echo_step's model.py."""
     steps = sorted(p for p in repository.iterdir() if p.name.endswith("_onnx") and (p / "1" / "model.py").exists())
     for step in steps:
-        shutil.copy(REPO_ROOT / "loadtest" / "echo_step" / "model.py", step / "1" / "model.py")
+        shutil.copy(ECHO_MODEL_PY, step / "1" / "model.py")
     return [step.name for step in steps]
 
 

@@ -86,6 +86,9 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum(1).min())
 
 
+ECHO_MODEL_PY = Path(__file__).parent / "echo_step" / "model.py"  # a model step's model.py that computes nothing
+
+
 def echo_repository(repository: Path, step: str, into: Path) -> str:
     """A repository at `into` holding only `{step}_echo`: `step`'s config (batching, instances, parameters; no
     warm-up) with loadtest/echo_step/model.py, which answers zeros. Its name."""
@@ -97,7 +100,7 @@ def echo_repository(repository: Path, step: str, into: Path) -> str:
     del config.model_warmup[:]
     (into / config.name / "1").mkdir(parents=True, exist_ok=True)
     (into / config.name / "config.pbtxt").write_text(text_format.MessageToString(config))
-    shutil.copy(Path(__file__).parent / "echo_step" / "model.py", into / config.name / "1" / "model.py")
+    shutil.copy(ECHO_MODEL_PY, into / config.name / "1" / "model.py")
     return config.name
 
 
