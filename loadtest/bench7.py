@@ -125,8 +125,8 @@ def step_stats(grpc_url: str, model: str) -> dict[str, float]:
 
 
 def triton_times(delta: dict[str, float]) -> dict[str, float]:
-    """Per request, from the difference of two `step_stats`: Triton's whole time (`triton_request_ms`: from the
-    request's arrival in Triton's core to its response), its queue and its compute, in ms; executions."""
+    """Per request, from the difference of two `step_stats`, in ms: Triton's whole time (from the request's arrival
+    in Triton's core to its response), its queue and its compute; and the executions."""
     requests = delta["requests"] or 1.0
     return {
         "triton_executions": delta["executions"],
