@@ -149,20 +149,25 @@ class TokenizerQueue:
 
     def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
         """In a worker thread: turn after turn, take what waits, encode it, hand the results to the loop; stop when
-        nothing waits."""
-        while True:
-            with self._lock:
-                jobs, self._waiting = self._waiting, []
-                if not jobs:
-                    self._busy = False
-                    return
+        nothing waits. The last turn marks the tokenizer idle before its results go out, so that a caller's next
+        small request, sent once it has its answer, is tokenized inline."""
+        with self._lock:
+            jobs, self._waiting = self._waiting, []
+            if not jobs:
+                self._busy = False
+                return
+        while jobs:
             try:
                 outcomes = self._turn(jobs)
             except Exception as exc:  # noqa: BLE001 - _turn answers failures; a bug must not leave callers waiting
                 outcomes = [(job.future, None, exc) for job in jobs]
+            with self._lock:
+                jobs, self._waiting = self._waiting, []
+                if not jobs:
+                    self._busy = False  # from here the loop may start another drain
             try:
                 loop.call_soon_threadsafe(_deliver, outcomes)
-            except RuntimeError:  # the loop is closed: nobody waits for these
+            except RuntimeError:  # the loop is closed (nothing can queue any more): nobody waits for these
                 with self._lock:
                     self._waiting.clear()
                     self._busy = False

@@ -164,3 +164,20 @@ def test_pairs_and_directions_are_encoded_apart_in_one_turn(tokenizer_file: Path
     assert rows(right) == alone(tokenizer_file, [long])
     assert rows(left) != rows(right)
     assert len(encoder.calls) == 3  # one encode_batch per kind, all in the turn after the held one
+
+
+def test_a_callers_next_small_request_after_a_queued_one_runs_inline(tokenizer_file: Path) -> None:
+    """The draining thread marks the tokenizer idle before the last turn's answers go out: a caller that sends a
+    small request once it has its answer finds the tokenizer idle (test_peer_api's /tokenize after /decode)."""
+    encoder = CountingEncoder(tokenizer_file)
+    queue = TokenizerQueue(encoder, inline_chars=64)
+    long = "word " * 40  # over inline_chars: queued, encoded in the thread
+
+    async def main() -> None:
+        for _ in range(20):
+            await queue.encode([long])
+            await queue.encode(["a"])
+
+    asyncio.run(main())
+    on_loop = [thread == threading.get_ident() for _, thread in encoder.calls]
+    assert on_loop == [False, True] * 20
