@@ -91,6 +91,8 @@ case "${1:-}" in
     end_mps ;;
   ab)
     order=${RUNS:-old new pool}
+    # an `old` run without the older tree would fail only after the runs before it (its output is filtered)
+    case " $order " in *" old "*|*" old:"*) [ -d "$BEFORE/gateway" ] || { echo "ab: no older tree at $BEFORE (carry it)" >&2; exit 2; } ;; esac
     [ $(( ${2:-1} % 2 )) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
     for spec in $order; do
       run=${spec%%:*}; tree=.; env=()
