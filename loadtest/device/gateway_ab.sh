@@ -127,8 +127,10 @@ case "${1:-}" in
         grep -E "^[|] stack[^|]*[|] closed" "$OUT/bench7-$label.log" || tail -5 "$OUT/bench7-$label.log"
         wait
         echo "== $label"; cat "$OUT/host-cpu-$label.txt"
+        # each step's launcher starts its own daemon: stop this one, or the next step's finds it running and fails
+        if [ "$mps_on" = 1 ]; then mps_stop "$MPS_DIR"; fi
       done
-      end_mps
+      mps_on=0
     done ;;
   spy)
     step=${STEP:-single text c=256}
