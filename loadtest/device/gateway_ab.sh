@@ -74,6 +74,17 @@ repo_of() {
   done
   repo_vars_=(${kept[@]+"${kept[@]}"})
 }
+# An `old` run without the older tree would fail only after the runs before it, its output filtered away: stop first.
+# BEFORE/ is untracked; where git ignores it (e.g. .git/info/exclude), the device tool carries it only when named.
+need_before() {
+  local spec
+  for spec in "$@"; do
+    if [ "${spec%%:*}" = old ] && [ ! -d "$BEFORE/gateway" ]; then
+      echo "gateway_ab.sh: no older tree at $BEFORE (device tool: carry it)" >&2
+      exit 2
+    fi
+  done
+}
 end_mps() { if [ "$mps_on" = 1 ]; then mps_stop "$MPS_DIR"; fi; mps_on=0; }
 # check and final: MPS=1 in the environment asks for the same
 mps_from_env() { local vars=(); [ "${MPS:-0}" = 1 ] && vars=(MPS=1); with_mps vars; }
@@ -91,8 +102,7 @@ case "${1:-}" in
     end_mps ;;
   ab)
     order=${RUNS:-old new pool}
-    # an `old` run without the older tree would fail only after the runs before it (its output is filtered)
-    case " $order " in *" old "*|*" old:"*) [ -d "$BEFORE/gateway" ] || { echo "ab: no older tree at $BEFORE (carry it)" >&2; exit 2; } ;; esac
+    need_before $order
     [ $(( ${2:-1} % 2 )) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
     for spec in $order; do
       run=${spec%%:*}; tree=.; env=()
@@ -111,6 +121,7 @@ case "${1:-}" in
     tar -czf "$OUT/ab-runs-${2:-1}.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"  # the device tool brings back few files
     ;;
   cpu)  # cores per process group and per kind of gateway thread (this checkout's host_cpu) during each step, per run
+    need_before ${RUNS:-old new}
     for spec in ${RUNS:-old new}; do
       run=${spec%%:*}; tree=.; env=()
       [ "$run" = old ] && tree=$BEFORE
