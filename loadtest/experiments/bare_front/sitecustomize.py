@@ -16,14 +16,14 @@ gateway's observability could. Python runs a `sitecustomize` in every process at
 included; the patch is applied when gateway.http_protocol is first imported. Without BARE_FRONT it does nothing.
 """
 
-import importlib.abc
-import importlib.util
 import os
-import sys
+import runpy
 import time
 
 MODE = os.environ.get("BARE_FRONT", "")
 TARGET = "gateway.http_protocol"
+# run by its path: no package of the checkout need be importable yet
+ON_IMPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "_shared", "on_import.py")
 
 
 def _patch(module):
@@ -119,22 +119,5 @@ def _patch(module):
     module.NoDelayHttpToolsProtocol = BareEmbedProtocol
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        loader = spec.loader
-        execute = loader.exec_module
-
-        def exec_and_patch(module):
-            execute(module)
-            _patch(module)
-
-        loader.exec_module = exec_and_patch
-        return spec
-
-
 if MODE in ("bare", "logged"):
-    sys.meta_path.insert(0, _Finder())
+    runpy.run_path(ON_IMPORT)["patch_on_import"](TARGET, _patch)

@@ -9,14 +9,14 @@ Python runs a `sitecustomize` in every process at start, the gateway's spawned w
 applied when gateway.api.hot is first imported. Without LOOP_TAX_US (or 0) it does nothing.
 """
 
-import importlib.abc
-import importlib.util
 import os
-import sys
+import runpy
 import time
 
 TAX_S = float(os.environ.get("LOOP_TAX_US", "0") or 0) / 1e6
 TARGET = "gateway.api.hot"
+# run by its path: no package of the checkout need be importable yet
+ON_IMPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "_shared", "on_import.py")
 
 
 def _patch(module):
@@ -32,22 +32,5 @@ def _patch(module):
     module.HotRoutes.__call__ = taxed
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        loader = spec.loader
-        execute = loader.exec_module
-
-        def exec_and_patch(module):
-            execute(module)
-            _patch(module)
-
-        loader.exec_module = exec_and_patch
-        return spec
-
-
 if TAX_S > 0:
-    sys.meta_path.insert(0, _Finder())
+    runpy.run_path(ON_IMPORT)["patch_on_import"](TARGET, _patch)

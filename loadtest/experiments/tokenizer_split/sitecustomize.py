@@ -13,16 +13,16 @@ spawned workers included; the patch is applied when contract.tokenization is fir
 TOKENIZER_SPLIT_TEXTS (or 0) it does nothing.
 """
 
-import importlib.abc
-import importlib.util
 import itertools
 import os
-import sys
+import runpy
 from concurrent.futures import ThreadPoolExecutor
 
 MIN_TEXTS = int(os.environ.get("TOKENIZER_SPLIT_TEXTS", "0") or 0)
 PARTS = max(2, int(os.environ.get("TOKENIZER_SPLIT_THREADS", "4") or 4))
 TARGET = "contract.tokenization"
+# run by its path: no package of the checkout need be importable yet
+ON_IMPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "_shared", "on_import.py")
 
 
 def _join(module, results):
@@ -53,22 +53,5 @@ def _patch(module):
     module.TextEncoder.encode = split_encode
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        loader = spec.loader
-        execute = loader.exec_module
-
-        def exec_and_patch(module):
-            execute(module)
-            _patch(module)
-
-        loader.exec_module = exec_and_patch
-        return spec
-
-
 if MIN_TEXTS > 0:
-    sys.meta_path.insert(0, _Finder())
+    runpy.run_path(ON_IMPORT)["patch_on_import"](TARGET, _patch)
