@@ -117,6 +117,14 @@ class GatewaySettings(BaseSettings):
         "workers). Without it every worker starts a pool as large as the host, and idle pool threads spin: 24% "
         "more CPU per 32-text request with 16 threads on the 2-core VM (loadtest/results/local-2core-20g-gateway-cpu).",
     )
+    tokenizer_split_texts: int = Field(
+        0, ge=0, description="A tokenizer call of at least this many texts (a turn of queued requests, or one "
+        "many-text request) is cut into GATEWAY_TOKENIZER_SPLIT_PARTS parts encoded at once on threads that sleep "
+        "between such calls; smaller calls run on one thread as before. 0 = never.",
+    )
+    tokenizer_split_parts: int = Field(
+        4, ge=2, le=64, description="Parts of a split tokenizer call (GATEWAY_TOKENIZER_SPLIT_TEXTS).",
+    )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
     )
