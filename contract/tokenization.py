@@ -40,17 +40,6 @@ class EncodedTexts:
     def __len__(self) -> int:
         return len(self.ids)
 
-    @classmethod
-    def joined(cls, parts: list["EncodedTexts"]) -> "EncodedTexts":
-        """The rows of `parts`, in order, as one result (type ids are zeros for a part whose type ids were all 0)."""
-        ids = [row for part in parts for row in part.ids]
-        types = None
-        if any(part.type_ids is not None for part in parts):
-            types = [row for part in parts
-                     for row in (part.type_ids if part.type_ids is not None else [np.zeros_like(i) for i in part.ids])]
-        counts = [part.num_tokens for part in parts]
-        return cls(ids, types, np.concatenate(counts) if counts else np.empty(0, np.int32))
-
     def padded(self, width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """input_ids, attention_mask, token_type_ids as int32 [n, width], right-padded."""
         n = len(self.ids)

@@ -11,6 +11,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
+AUTO_TOKENIZER_THREADS = 4  # per worker, at least: loadtest/results/h200-20ai-tokenizer-threads
+
+
 class GatewaySettings(BaseSettings):
     """Every knob of the gateway. `GATEWAY_API_KEYS` is a comma-separated list."""
 
@@ -112,18 +115,11 @@ class GatewaySettings(BaseSettings):
     )
     tokenizer_threads: int | Literal["auto"] = Field(
         "auto", description="Threads of the Rust tokenizer's pool in each worker: a number (1 = no pool: the worker "
-        "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else three "
-        "quarters of the host's), so that the workers' pools together do not outnumber them (1 with the default "
-        "workers). Without it every worker starts a pool as large as the host, and idle pool threads spin: 24% "
-        "more CPU per 32-text request with 16 threads on the 2-core VM (loadtest/results/local-2core-20g-gateway-cpu).",
-    )
-    tokenizer_split_texts: int = Field(
-        0, ge=0, description="A tokenizer call of at least this many texts (a turn of queued requests, or one "
-        "many-text request) is cut into GATEWAY_TOKENIZER_SPLIT_PARTS parts encoded at once on threads that sleep "
-        "between such calls; smaller calls run on one thread as before. 0 = never.",
-    )
-    tokenizer_split_parts: int = Field(
-        4, ge=2, le=64, description="Parts of a split tokenizer call (GATEWAY_TOKENIZER_SPLIT_TEXTS).",
+        "tokenizes on one thread), or `auto`: 4, or the worker's share of the gateway's CPUs (the quota, else three "
+        "quarters of the host's) where that is more, and never more than the gateway's CPUs (4 with the default 12 "
+        "workers on a 16-core host; 1 on a 2-core one). A pool of 4 halved a 32-text request's tokenizing on the "
+        "GPU host and served 1.04x the texts/s with single texts even (loadtest/results/h200-20ai-tokenizer-threads). "
+        "Without it every worker starts a pool as large as the host.",
     )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
@@ -156,10 +152,11 @@ class GatewaySettings(BaseSettings):
 
     @property
     def tokenizer_thread_count(self) -> int:
-        """`tokenizer_threads`, with `auto` resolved: the gateway's CPUs shared by its workers, at least 1."""
+        """`tokenizer_threads`, with `auto` resolved: 4 or the worker's share of the gateway's CPUs, whichever is more,
+        at most the gateway's CPUs."""
         if isinstance(self.tokenizer_threads, int):
             return self.tokenizer_threads
-        return max(1, gateway_cpus() // self.worker_count)
+        return max(min(AUTO_TOKENIZER_THREADS, gateway_cpus()), gateway_cpus() // self.worker_count)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod

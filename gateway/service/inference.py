@@ -34,7 +34,6 @@ from contract import (
     TruncationDirection,
 )
 from contract.batching import ROW_PAD_LIMIT, Shapes
-from contract.tokenization import TextEncoder
 from gateway import tracing
 from gateway.errors import ErrorType, GatewayError, invalid
 from gateway.metrics import BatchMetrics
@@ -44,7 +43,6 @@ from gateway.service.registry import Backend, Endpoint, ServedModel
 from gateway.service.scheduler import BatchPolicy, BatchScheduler, Outputs
 from gateway.service.tokenization import (
     TokenizerQueue,
-    TokenizerSplit,
     TokenizerUnavailable,
     load_encoder,
 )
@@ -180,8 +178,6 @@ class Inference:
         self._on_model_gone = on_model_gone
         self._fallback_logged: set[str] = set()
         self._retiring: set[asyncio.Task[None]] = set()  # schedulers of rebuilt steps, closing
-        split_texts = settings.tokenizer_split_texts
-        self.tokenizer_split = TokenizerSplit(split_texts, settings.tokenizer_split_parts) if split_texts else None
 
     def pipeline_of(self, model: ServedModel, endpoint: Endpoint) -> str:
         """`scheduler` or `ensemble`: how requests for this endpoint run."""
@@ -359,12 +355,9 @@ class Inference:
         if model.name not in self.encoders:
             try:
                 encoder = load_encoder(self.settings.repository, model)
-                self.encoders[model.name] = self._tokenizer_queue(encoder)
+                self.encoders[model.name] = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
             except (TokenizerUnavailable, OSError, ValueError):
                 pass
-
-    def _tokenizer_queue(self, encoder: TextEncoder) -> TokenizerQueue:
-        return TokenizerQueue(encoder, self.settings.tokenize_inline_chars, self.tokenizer_split)
 
     def _pipeline(self, model: ServedModel, endpoint: Endpoint) -> TokenPipeline | None:
         """The endpoint's scheduler pipeline, made or remade when the tokenizer, the batch policy or the
@@ -396,7 +389,7 @@ class Inference:
             current.tokenizer.encoder, current.sha256 = encoder, sha
             return current
         metrics = BatchMetrics(model.name)
-        tokenizer = self._tokenizer_queue(encoder)
+        tokenizer = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
         scheduler = BatchScheduler(step, model.output_width, policy, run_batch, metrics)
         pipeline = TokenPipeline(tokenizer, sha, scheduler, metrics, output)
         self.pipelines[step] = pipeline
@@ -504,5 +497,3 @@ class Inference:
             await pipeline.scheduler.close()
         self.pipelines.clear()
         self.token_pipelines.clear()
-        if self.tokenizer_split is not None:
-            self.tokenizer_split.close()

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,37 +59,6 @@ def load_encoder(repository: str, model: ServedModel) -> TextEncoder:
 T = TypeVar("T")
 
 
-class TokenizerSplit:
-    """Cuts a large tokenizer call into `parts` encoded at once: one on the calling thread, the others on a small
-    pool of Python threads shared by the worker's tokenizer queues (the Rust tokenizer releases the GIL while it
-    encodes), joined in order. Calls of fewer than `min_texts` texts run as one call. Unlike the Rust tokenizer's
-    own pool, whose idle threads spin after every batch call, the threads sleep between large calls, so the many
-    small turns of single texts cost nothing more."""
-
-    def __init__(self, min_texts: int, parts: int) -> None:
-        if min_texts < 1 or parts < 2:
-            raise ValueError("a split needs min_texts >= 1 and parts >= 2")
-        self.min_texts, self.parts = min_texts, parts
-        self._pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="tokenizer-split")
-
-    def encode(self, encoder: TextEncoder, texts: list[str], pairs: list[str] | None, direction: str) -> EncodedTexts:
-        """What `encoder.encode(texts, pairs, direction)` gives, computed in parts when there are enough texts."""
-        if len(texts) < self.min_texts:
-            return encoder.encode(texts, pairs, direction)
-        bounds = [len(texts) * i // self.parts for i in range(self.parts + 1)]
-        cuts = [(texts[a:b], pairs[a:b] if pairs is not None else None) for a, b in itertools.pairwise(bounds)]
-        others = [self._pool.submit(encoder.encode, part, part_pairs, direction) for part, part_pairs in cuts[1:]]
-        try:
-            first = encoder.encode(cuts[0][0], cuts[0][1], direction)
-        except BaseException:
-            wait(others)  # no part outlives the call
-            raise
-        return EncodedTexts.joined([first, *(other.result() for other in others)])
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
 class _Call:
     """Other work on the tokenizer (/tokenize, /decode), run in its turn."""
 
@@ -125,15 +92,13 @@ class TokenizerQueue:
     A small request that finds the tokenizer idle is encoded inline: at low load that is quicker
     than a thread hop. A very long request is encoded in a thread of its own, so that the short
     ones never wait behind it. Other work on the tokenizer (`call`: /tokenize, /decode) follows the
-    same rule. With a `split`, a large call off the loop (a turn's texts, or a very long request) is cut
-    into parts encoded at once."""
+    same rule."""
 
     SOLO_CHARS = 32_768
 
-    def __init__(self, encoder: TextEncoder, inline_chars: int, split: TokenizerSplit | None = None) -> None:
+    def __init__(self, encoder: TextEncoder, inline_chars: int) -> None:
         self.encoder = encoder
         self.inline_chars = inline_chars
-        self.split = split
         self._lock = threading.Lock()  # _waiting and _busy, shared by the event loop and the draining thread
         self._waiting: list[_Job | _Call] = []
         self._busy = False  # a thread is draining _waiting
@@ -142,7 +107,7 @@ class TokenizerQueue:
         """Token ids of `texts` (or of the pairs texts[i], pairs[i]) under the contract's rule."""
         chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs is not None else 0)
         if chars > self.SOLO_CHARS:
-            return await asyncio.to_thread(self._encode_off_loop, texts, pairs, direction)
+            return await asyncio.to_thread(self.encoder.encode, texts, pairs, direction)
         if self._idle(chars):
             return self.encoder.encode(texts, pairs, direction)
         future: asyncio.Future[EncodedTexts] = asyncio.get_running_loop().create_future()
@@ -159,11 +124,6 @@ class TokenizerQueue:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._enqueue(_Call(work, future))
         return await future
-
-    def _encode_off_loop(self, texts: list[str], pairs: list[str] | None, direction: str) -> EncodedTexts:
-        if self.split is None:
-            return self.encoder.encode(texts, pairs, direction)
-        return self.split.encode(self.encoder, texts, pairs, direction)
 
     def _idle(self, chars: int) -> bool:
         """Whether work of `chars` characters runs inline: small, and nothing queued or running. Read without the
@@ -235,7 +195,7 @@ class TokenizerQueue:
         texts = [t for job in jobs for t in job.texts]
         pairs = [p for job in jobs for p in job.pairs or ()] if jobs[0].pairs is not None else None
         try:
-            encoded = self._encode_off_loop(texts, pairs, jobs[0].direction)
+            encoded = self.encoder.encode(texts, pairs, jobs[0].direction)
         except Exception as exc:  # noqa: BLE001 - every request of the group must hear about it
             return [(job.future, None, exc) for job in jobs]
         outcomes: list[Outcome] = []

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from contract.tokenization import EncodedTexts, TextEncoder
-from gateway.service.tokenization import TokenizerQueue, TokenizerSplit
+from gateway.service.tokenization import TokenizerQueue
 from tests.fixtures.tiny_models import _save_tokenizer
 
 TEXTS = ["hello world", "the quick brown fox", "", "jumps over the lazy dog", "café ünïcode"]
@@ -181,76 +181,3 @@ def test_a_callers_next_small_request_after_a_queued_one_runs_inline(tokenizer_f
     asyncio.run(main())
     on_loop = [thread == threading.get_ident() for _, thread in encoder.calls]
     assert on_loop == [False, True] * 20
-
-
-MANY = [f"text number {i} " + "tokens go on " * (i % 9) for i in range(37)]  # some over MAX_SEQ_LEN
-MANY_PAIRS = [f"its pair {i} " + "more " * (i % 7) for i in range(37)]
-
-
-def plain(encoded: EncodedTexts) -> list[Any]:
-    types = None if encoded.type_ids is None else [row.tolist() for row in encoded.type_ids]
-    return [rows(encoded), types, encoded.num_tokens.tolist()]
-
-
-def test_a_split_call_gives_what_one_call_gives_on_the_split_threads(tokenizer_file: Path) -> None:
-    encoder = CountingEncoder(tokenizer_file)
-    split = TokenizerSplit(min_texts=16, parts=4)
-    try:
-        texts = split.encode(encoder, MANY, None, "right")
-        pairs = split.encode(encoder, MANY, MANY_PAIRS, "left")
-        few = split.encode(encoder, MANY[:15], None, "right")
-    finally:
-        split.close()
-    whole = TextEncoder.from_file(str(tokenizer_file), MAX_SEQ_LEN)
-    assert plain(texts) == plain(whole.encode(MANY))
-    assert plain(pairs) == plain(whole.encode(MANY, MANY_PAIRS, "left"))
-    assert plain(few) == plain(whole.encode(MANY[:15]))
-    assert max(texts.num_tokens) > MAX_SEQ_LEN and pairs.type_ids is not None  # the cut and type ids are exercised
-    assert sorted(len(call) for call, _ in encoder.calls) == sorted([9, 9, 9, 10] * 2 + [15])
-    first_call = {thread for _, thread in encoder.calls[:4]}
-    assert threading.get_ident() in first_call and len(first_call) >= 2  # the caller's part, and the pool's
-    assert {thread for _, thread in encoder.calls[8:]} == {threading.get_ident()}  # 15 texts: one call, the caller's
-
-
-def test_a_part_that_fails_fails_the_call_after_every_part_ended(tokenizer_file: Path) -> None:
-    """The caller's own part fails while the other parts still wait to run: the call raises only after they ended."""
-    ended: list[str] = []
-    failed = threading.Event()
-
-    class FailingFirstPart(TextEncoder):
-        def encode(self, texts: list[str], pairs: list[str] | None = None, direction: str = "right") -> EncodedTexts:
-            try:
-                if texts[0] == MANY[0]:
-                    failed.set()
-                    raise ValueError("bad text")
-                assert failed.wait(timeout=30)
-                return super().encode(texts, pairs, direction)
-            finally:
-                ended.append(texts[0])
-
-    split = TokenizerSplit(min_texts=4, parts=4)
-    encoder = FailingFirstPart(TextEncoder.from_file(str(tokenizer_file), MAX_SEQ_LEN).tokenizer, MAX_SEQ_LEN)
-    try:
-        split.encode(encoder, MANY[:8], None, "right")
-    except ValueError as exc:
-        assert str(exc) == "bad text"
-        when_raised = sorted(ended)
-    finally:
-        split.close()
-    assert when_raised == sorted(MANY[0:8:2])  # parts of 2 texts each
-
-
-def test_a_queue_with_a_split_cuts_a_large_turn_and_answers_each_caller(tokenizer_file: Path) -> None:
-    encoder = CountingEncoder(tokenizer_file)
-    split = TokenizerSplit(min_texts=16, parts=2)
-    queue = TokenizerQueue(encoder, inline_chars=1024, split=split)
-    requests = [MANY[i:i + 3] for i in range(0, 36, 3)]  # 12 requests of 3 texts: one turn of 36 texts
-    try:
-        results = asyncio.run(behind_a_held_turn(
-            queue, lambda: [asyncio.ensure_future(queue.encode(texts)) for texts in requests]))
-    finally:
-        split.close()
-    assert [plain(r) for r in results] == [plain(TextEncoder.from_file(str(tokenizer_file), MAX_SEQ_LEN).encode(t))
-                                           for t in requests]
-    assert sorted(len(texts) for texts, _ in encoder.calls) == [18, 18]  # the turn, in two parts
-    assert len({thread for _, thread in encoder.calls}) == 2  # the draining thread's part and the pool's

@@ -41,33 +41,38 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         GatewaySettings()
 
 
-@pytest.mark.parametrize(("cpus", "quota", "workers"), [
-    (16, None, 12),  # a 16-core GPU host: three quarters of it (measured: loadtest/results/h200-20ad-final)
-    (64, None, 12),  # at most 12, the most measured
-    (2, None, 1),  # the 2-core dev VM
-    (4, None, 3),
-    (16, 4, 4),  # a container limit: its CPUs are the gateway's own
-    (16, 32, 12),  # a quota above the CPUs it may run on counts those CPUs
+@pytest.mark.parametrize(("cpus", "quota", "workers", "threads"), [
+    (16, None, 12, 4),  # a 16-core GPU host: three quarters of it (loadtest/results/h200-20ad-final), pools of 4
+    (64, None, 12, 4),  # at most 12 workers, the most measured
+    (2, None, 1, 1),  # the 2-core dev VM: one CPU of its own, no pool
+    (4, None, 3, 3),
+    (16, 4, 4, 4),  # a container limit: its CPUs are the gateway's own
+    (16, 32, 12, 4),  # a quota above the CPUs it may run on counts those CPUs
 ])
-def test_auto_workers(monkeypatch: pytest.MonkeyPatch, cpus: int, quota: int | None, workers: int) -> None:
-    """GATEWAY_WORKERS=auto: the gateway's CPUs (its quota, else three quarters of the host's), 1 to 12."""
+def test_auto_workers_and_tokenizer_threads(monkeypatch: pytest.MonkeyPatch, cpus: int, quota: int | None,
+                                            workers: int, threads: int) -> None:
+    """GATEWAY_WORKERS=auto: the gateway's CPUs (its quota, else three quarters of the host's), 1 to 12;
+    GATEWAY_TOKENIZER_THREADS=auto: 4 per worker, at most the gateway's CPUs."""
     monkeypatch.setattr(gateway.settings.os, "sched_getaffinity", lambda _pid: set(range(cpus)))
     monkeypatch.setattr(gateway.settings, "cpu_quota", lambda: quota)
     assert GatewaySettings(workers="auto").worker_count == workers
-    assert GatewaySettings(workers="auto").tokenizer_thread_count >= 1
+    assert GatewaySettings(workers="auto").tokenizer_thread_count == threads
 
 
 def test_tokenizer_pool_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto: the gateway's CPUs shared by its workers, at least 1 (= no pool); or the number named."""
+    """auto: 4, or the worker's share of the gateway's CPUs where that is more, at most the gateway's CPUs (1 = no
+    pool); or the number named."""
     monkeypatch.setattr(gateway.settings, "gateway_cpus", lambda: 8)
     off = {"TOKENIZERS_PARALLELISM": "false"}
-    assert GatewaySettings(workers="auto").tokenizer_thread_count == 1
-    assert tokenizer_environment(GatewaySettings(workers=8)) == off
-    assert tokenizer_environment(GatewaySettings(workers=9)) == off
-    assert tokenizer_environment(GatewaySettings(workers=2)) == {"TOKENIZERS_PARALLELISM": "true",
-                                                                 "RAYON_NUM_THREADS": "4"}
+    four = {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "4"}
+    assert GatewaySettings(workers="auto").tokenizer_thread_count == 4
+    assert tokenizer_environment(GatewaySettings(workers=8)) == four
+    assert tokenizer_environment(GatewaySettings(workers=16)) == four
+    assert tokenizer_environment(GatewaySettings(workers=1))["RAYON_NUM_THREADS"] == "8"
     assert tokenizer_environment(GatewaySettings(workers=2, tokenizer_threads="1")) == off
     assert tokenizer_environment(GatewaySettings(workers=8, tokenizer_threads=3))["RAYON_NUM_THREADS"] == "3"
+    monkeypatch.setattr(gateway.settings, "gateway_cpus", lambda: 1)
+    assert tokenizer_environment(GatewaySettings(workers=1)) == off
     with pytest.raises(ValidationError):
         GatewaySettings(tokenizer_threads=0)
 
