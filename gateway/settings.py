@@ -11,7 +11,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
-AUTO_TOKENIZER_THREADS = 4  # per worker, at least: loadtest/results/h200-20ai-tokenizer-threads
+# `auto` tokenizer threads per worker where the gateway has POOL_MIN_CPUS or more: a pool of 4 pays where cores are
+# spare (loadtest/results/h200-20ai-tokenizer-threads) and costs where none are (local-2core-20ai-tokenizer-pool-cpu-bound)
+AUTO_TOKENIZER_THREADS = 4
+POOL_MIN_CPUS = 8
 
 
 class GatewaySettings(BaseSettings):
@@ -115,11 +118,13 @@ class GatewaySettings(BaseSettings):
     )
     tokenizer_threads: int | Literal["auto"] = Field(
         "auto", description="Threads of the Rust tokenizer's pool in each worker: a number (1 = no pool: the worker "
-        "tokenizes on one thread), or `auto`: 4, or the worker's share of the gateway's CPUs (the quota, else three "
-        "quarters of the host's) where that is more, and never more than the gateway's CPUs (4 with the default 12 "
-        "workers on a 16-core host; 1 on a 2-core one). A pool of 4 halved a 32-text request's tokenizing on the "
-        "GPU host and served 1.04x the texts/s with single texts even (loadtest/results/h200-20ai-tokenizer-threads). "
-        "Without it every worker starts a pool as large as the host.",
+        "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else three "
+        "quarters of the host's), and at least 4 where the gateway has 8 CPUs or more (4 with the default 12 workers "
+        "on a 16-core host; 1 on a 2-core host or with a CPU limit of 2). On the GPU host a pool of 4 halved a "
+        "32-text request's tokenizing and served 1.03-1.05x the texts/s, single texts even "
+        "(loadtest/results/h200-20ai-tokenizer-threads); where the gateway has no spare CPU a pool cost 10% of "
+        "single-text throughput (loadtest/results/local-2core-20ai-tokenizer-pool-cpu-bound). Without the setting "
+        "every worker would start a pool as large as the host.",
     )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
@@ -152,11 +157,13 @@ class GatewaySettings(BaseSettings):
 
     @property
     def tokenizer_thread_count(self) -> int:
-        """`tokenizer_threads`, with `auto` resolved: 4 or the worker's share of the gateway's CPUs, whichever is more,
-        at most the gateway's CPUs."""
+        """`tokenizer_threads`, with `auto` resolved: the worker's share of the gateway's CPUs, at least 1, and at
+        least AUTO_TOKENIZER_THREADS where the gateway has POOL_MIN_CPUS or more."""
         if isinstance(self.tokenizer_threads, int):
             return self.tokenizer_threads
-        return max(min(AUTO_TOKENIZER_THREADS, gateway_cpus()), gateway_cpus() // self.worker_count)
+        cpus = gateway_cpus()
+        share = max(1, cpus // self.worker_count)
+        return max(share, AUTO_TOKENIZER_THREADS) if cpus >= POOL_MIN_CPUS else share
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod

@@ -45,14 +45,16 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     (16, None, 12, 4),  # a 16-core GPU host: three quarters of it (loadtest/results/h200-20ad-final), pools of 4
     (64, None, 12, 4),  # at most 12 workers, the most measured
     (2, None, 1, 1),  # the 2-core dev VM: one CPU of its own, no pool
-    (4, None, 3, 3),
-    (16, 4, 4, 4),  # a container limit: its CPUs are the gateway's own
+    (4, None, 3, 1),  # below 8 CPUs of its own: one thread per worker (a pool costs where no core is spare)
+    (16, 2, 2, 1),  # the Kubernetes base's CPU limit of 2
+    (16, 4, 4, 1),  # a container limit: its CPUs are the gateway's own
+    (16, 8, 8, 4),
     (16, 32, 12, 4),  # a quota above the CPUs it may run on counts those CPUs
 ])
 def test_auto_workers_and_tokenizer_threads(monkeypatch: pytest.MonkeyPatch, cpus: int, quota: int | None,
                                             workers: int, threads: int) -> None:
     """GATEWAY_WORKERS=auto: the gateway's CPUs (its quota, else three quarters of the host's), 1 to 12;
-    GATEWAY_TOKENIZER_THREADS=auto: 4 per worker, at most the gateway's CPUs."""
+    GATEWAY_TOKENIZER_THREADS=auto: the worker's share of those CPUs, at least 4 where they are 8 or more."""
     monkeypatch.setattr(gateway.settings.os, "sched_getaffinity", lambda _pid: set(range(cpus)))
     monkeypatch.setattr(gateway.settings, "cpu_quota", lambda: quota)
     assert GatewaySettings(workers="auto").worker_count == workers
@@ -60,8 +62,8 @@ def test_auto_workers_and_tokenizer_threads(monkeypatch: pytest.MonkeyPatch, cpu
 
 
 def test_tokenizer_pool_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto: 4, or the worker's share of the gateway's CPUs where that is more, at most the gateway's CPUs (1 = no
-    pool); or the number named."""
+    """auto: the worker's share of the gateway's CPUs (1 = no pool), at least 4 where they are 8 or more; or the
+    number named."""
     monkeypatch.setattr(gateway.settings, "gateway_cpus", lambda: 8)
     off = {"TOKENIZERS_PARALLELISM": "false"}
     four = {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "4"}
@@ -71,8 +73,9 @@ def test_tokenizer_pool_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tokenizer_environment(GatewaySettings(workers=1))["RAYON_NUM_THREADS"] == "8"
     assert tokenizer_environment(GatewaySettings(workers=2, tokenizer_threads="1")) == off
     assert tokenizer_environment(GatewaySettings(workers=8, tokenizer_threads=3))["RAYON_NUM_THREADS"] == "3"
-    monkeypatch.setattr(gateway.settings, "gateway_cpus", lambda: 1)
-    assert tokenizer_environment(GatewaySettings(workers=1)) == off
+    monkeypatch.setattr(gateway.settings, "gateway_cpus", lambda: 7)
+    assert tokenizer_environment(GatewaySettings(workers=7)) == off
+    assert tokenizer_environment(GatewaySettings(workers=3))["RAYON_NUM_THREADS"] == "2"
     with pytest.raises(ValidationError):
         GatewaySettings(tokenizer_threads=0)
 
