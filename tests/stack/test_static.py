@@ -133,6 +133,27 @@ def test_env_example_documents_every_compose_variable() -> None:
     assert {"COMPOSE_FILE"} <= commented
 
 
+
+def test_deployment_docs_state_the_env_examples_defaults() -> None:
+    """docs/deployment.md's table of variables gives each one's default; it must be .env.example's (it once said
+    GATEWAY_CPU_LIMIT=2 while .env.example and compose had 0)."""
+    documented = env_example()
+    checked = 0
+    for row in (REPO_ROOT / "docs" / "deployment.md").read_text().splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if not row.startswith("| `") or len(cells) < 3:
+            continue
+        names = re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[0])
+        defaults = re.findall(r"`([^`]*)`", cells[1])
+        if len(names) != len(defaults):  # a row naming a family of variables (`LOCAL_*`, `OTEL_...`)
+            continue
+        for name, default in zip(names, defaults):
+            if name in documented:
+                assert documented[name] == default, f"docs/deployment.md: {name} defaults to {default!r}, " \
+                    f".env.example to {documented[name]!r}"
+                checked += 1
+    assert checked >= 20
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_hadolint(dockerfile: Path) -> None:
     out = subprocess.run([hadolint_binary(), "--no-color", str(dockerfile)], capture_output=True, text=True)
