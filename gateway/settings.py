@@ -11,12 +11,6 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
-# `auto` tokenizer threads per worker where the gateway has POOL_MIN_CPUS or more: a pool of 4 pays where cores are
-# spare (loadtest/results/h200-20ai-tokenizer-threads) and costs where none are (local-2core-20ai-tokenizer-pool-cpu-bound)
-AUTO_TOKENIZER_THREADS = 4
-POOL_MIN_CPUS = 8
-
-
 class GatewaySettings(BaseSettings):
     """Every knob of the gateway. `GATEWAY_API_KEYS` is a comma-separated list."""
 
@@ -161,9 +155,7 @@ class GatewaySettings(BaseSettings):
         least AUTO_TOKENIZER_THREADS where the gateway has POOL_MIN_CPUS or more."""
         if isinstance(self.tokenizer_threads, int):
             return self.tokenizer_threads
-        cpus = gateway_cpus()
-        share = max(1, cpus // self.worker_count)
-        return max(share, AUTO_TOKENIZER_THREADS) if cpus >= POOL_MIN_CPUS else share
+        return auto_tokenizer_threads(self.worker_count)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
@@ -200,6 +192,20 @@ def auto_workers() -> int:
     workers served a median 1.09x the single texts of 8 and the same 32-text requests over nine A/B pairs on
     four machines, loadtest/results/h200-20ad-final)."""
     return min(MAX_AUTO_WORKERS, gateway_cpus())
+
+
+# A pool of 4 per worker pays where cores are spare (loadtest/results/h200-20ai-tokenizer-threads: 12 CPUs) and costs
+# where none are (local-2core-20ai-tokenizer-pool-cpu-bound: 2 CPUs)
+AUTO_TOKENIZER_THREADS = 4
+POOL_MIN_CPUS = 8
+
+
+def auto_tokenizer_threads(workers: int) -> int:
+    """GATEWAY_TOKENIZER_THREADS=auto for `workers` workers: each one's share of the gateway's CPUs, at least 1, and
+    at least AUTO_TOKENIZER_THREADS where the gateway has POOL_MIN_CPUS or more."""
+    cpus = gateway_cpus()
+    share = max(1, cpus // workers)
+    return max(share, AUTO_TOKENIZER_THREADS) if cpus >= POOL_MIN_CPUS else share
 
 
 @lru_cache(maxsize=1)

@@ -133,7 +133,6 @@ def test_env_example_documents_every_compose_variable() -> None:
     assert {"COMPOSE_FILE"} <= commented
 
 
-
 def test_deployment_docs_state_the_env_examples_defaults() -> None:
     """docs/deployment.md's table of variables gives each one's default; it must be .env.example's (it once said
     GATEWAY_CPU_LIMIT=2 while .env.example and compose had 0)."""
@@ -153,6 +152,7 @@ def test_deployment_docs_state_the_env_examples_defaults() -> None:
                     f".env.example to {documented[name]!r}"
                 checked += 1
     assert checked >= 20
+
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_hadolint(dockerfile: Path) -> None:
