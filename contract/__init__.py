@@ -62,6 +62,9 @@ PER_TOKEN_OUTPUTS: tuple[str, ...] = (TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, COLBERT_V
 # Request parameter of an ensemble call that the tokenizer reads (Triton forwards an ensemble's
 # request parameters to its steps): `right` (default) or `left`.
 TRUNCATION_PARAMETER = "truncation_direction"
+# Triton's own request parameter of a request's timeout in microseconds (KServe v2 over HTTP; gRPC has a field),
+# which a model's queue policy acts on.
+TIMEOUT_PARAMETER = "timeout"
 
 # Files.
 TOKENIZER_FILE = "tokenizer.json"

@@ -97,8 +97,8 @@ def main() -> None:
         with TritonServer(repository=repo) as triton:
             client = grpcclient.InferenceServerClient(triton.grpc_url)
             model, ensemble = discover(client)
-            with GatewayProcess(triton.grpc_url, settings={"shm": "system", "log_level": "warning", "shm_prefix": "benchshm"}) as g_shm, \
-                 GatewayProcess(triton.grpc_url, settings={"shm": "none", "log_level": "warning"}) as g_grpc, \
+            with GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"shm": "system", "log_level": "warning", "shm_prefix": "benchshm"}) as g_shm, \
+                 GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"shm": "none", "log_level": "warning"}) as g_grpc, \
                  httpx.Client(base_url=g_shm.url) as h_shm, httpx.Client(base_url=g_grpc.url) as h_grpc:
                 rows = []
                 for batch in (1, 8):

@@ -19,12 +19,17 @@ from devstack.tritonserver import REPO_ROOT, free_port, kill_group
 
 @dataclass
 class GatewayProcess:
-    """`python -m gateway` talking to `triton_url`; `settings` are extra GATEWAY_* values (no prefix).
+    """`python -m gateway` talking to `triton_url` (gRPC) and `triton_http_url` (HTTP, host:port or a URL; None:
+    `none`, every call over gRPC); `settings` are extra GATEWAY_* values (no prefix).
+
+    GATEWAY_TRITON_HTTP_URL=none in this environment wins over `triton_http_url`: any benchmark's gateways then
+    call Triton over gRPC only (the A/B of the two endpoints).
 
     GATEWAY_* variables of this environment pass through; `settings` override them.
     """
 
     triton_url: str
+    triton_http_url: str | None = None
     port: int = field(default_factory=free_port)
     settings: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
@@ -42,7 +47,10 @@ class GatewayProcess:
         `settings`: each overrides the ones before."""
         env = dict(os.environ)
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        env.update({"GATEWAY_TRITON_URL": self.triton_url, "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(self.port)})
+        env.update({"GATEWAY_TRITON_URL": self.triton_url, "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(self.port),
+                    "GATEWAY_TRITON_HTTP_URL": (self.triton_http_url or "none").removeprefix("http://")})
+        if os.environ.get("GATEWAY_TRITON_HTTP_URL") == "none":
+            env["GATEWAY_TRITON_HTTP_URL"] = "none"
         env.update({f"GATEWAY_{k.upper()}": str(v) for k, v in self.settings.items()})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.code_root), env.get("PYTHONPATH", "")) if p)
         return env

@@ -53,7 +53,7 @@ class LocalStack:
         ).start()
         try:
             self.gateway = GatewayProcess(
-                triton_url=self.triton.grpc_url,
+                triton_url=self.triton.grpc_url, triton_http_url=self.triton.http_address,
                 port=self.gateway_port,
                 # the gateway reads tokenizer.json from the same repository (scheduler pipeline)
                 settings={"repository": str(self.repository), **self.gateway_settings},

@@ -142,6 +142,11 @@ class TritonServer:
         return f"http://127.0.0.1:{self.http_port}"
 
     @property
+    def http_address(self) -> str:
+        """host:port of the HTTP endpoint, as GATEWAY_TRITON_HTTP_URL takes it."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 

@@ -18,6 +18,12 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore", env_ignore_empty=True)
 
     triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
+    triton_http_url: str = Field(
+        "localhost:8000", pattern=r"^(none|[^/\s]+:[0-9]+)$",
+        description="Triton HTTP endpoint host:port, for inference calls whose tensors are all in shared memory "
+        "(less latency and worker CPU per call than gRPC: gateway/triton/http_infer.py); `none`: every call over "
+        "gRPC. While it refuses connections, calls go over gRPC.",
+    )
     shm: Literal["system", "cuda", "none"] = Field(
         "system", description="`system`: tensors through system shared memory (/dev/shm shared with Triton); "
         "`cuda`: through CUDA IPC regions on the GPU (the gateway needs the GPU: compose.cuda-shm.yaml; start-up "

@@ -176,19 +176,21 @@ def span(name: str, **attributes: AttributeValue) -> AbstractContextManager[Any]
     return tracer.start_as_current_span(name, attributes=_attributes(attributes))
 
 
-def triton_call(model: str, rows: int, transport: str) -> AbstractContextManager[dict[str, str] | None]:
-    """The `triton` span around one Triton gRPC call; yields the call's gRPC metadata (`traceparent`,
-    `tracestate`) that makes Triton's spans its children, or None (tracing off, or not sampled:
-    Triton 2.51 traces by its own rate and ignores the sampled flag)."""
+def triton_call(model: str, rows: int, transport: str, protocol: str = "grpc"
+                ) -> AbstractContextManager[dict[str, str] | None]:
+    """The `triton` span around one Triton inference call (`protocol`: grpc or http); yields the call's
+    metadata or headers (`traceparent`, `tracestate`) that make Triton's spans its children, or None
+    (tracing off, or not sampled: Triton 2.51 traces by its own rate and ignores the sampled flag)."""
     tracer = _tracer_in_trace()
     if tracer is None:
         return _OFF
-    return _triton_call(tracer, model, rows, transport)
+    return _triton_call(tracer, model, rows, transport, protocol)
 
 
 @contextmanager
-def _triton_call(tracer: trace.Tracer, model: str, rows: int, transport: str) -> Iterator[dict[str, str] | None]:
-    attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer",
+def _triton_call(tracer: trace.Tracer, model: str, rows: int, transport: str, protocol: str
+                 ) -> Iterator[dict[str, str] | None]:
+    attributes = {"rpc.system": protocol, "rpc.method": "ModelInfer",
                   **_attributes({"model": model, "rows": rows, "transport": transport})}
     with tracer.start_as_current_span("triton", kind=SpanKind.CLIENT, attributes=attributes) as current:
         if not current.get_span_context().trace_flags.sampled:

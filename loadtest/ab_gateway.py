@@ -174,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                 echo_steps(repository)
             settings = {"repository": str(repository), "pipeline": "scheduler"}
             with TritonServer(repository=repository, log_path=root / "triton.log") as server, \
-                    GatewayProcess(server.grpc_url, settings={**settings, **extra["before"], "shm_prefix": "abbefore"},
+                    GatewayProcess(server.grpc_url, triton_http_url=server.http_address, settings={**settings, **extra["before"], "shm_prefix": "abbefore"},
                                    code_root=worktree, log_path=root / "before.log") as before, \
-                    GatewayProcess(server.grpc_url, settings={**settings, **extra["after"], "shm_prefix": "abafter"},
+                    GatewayProcess(server.grpc_url, triton_http_url=server.http_address, settings={**settings, **extra["after"], "shm_prefix": "abafter"},
                                    log_path=root / "after.log") as after:
                 assert before.process is not None and after.process is not None
                 results = asyncio.run(measure({"before": before.url, "after": after.url},

@@ -104,9 +104,9 @@ def gateway_and_shm(bench: Bench, texts: list[str], machine: Machine) -> list[Ru
     logs = bench.work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with TritonServer(repository=bench.repository, log_path=logs / "triton-12.log") as triton, \
-            GatewayProcess(triton.grpc_url, settings={"shm": "system", "workers": "1"},
+            GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"shm": "system", "workers": "1"},
                            log_path=logs / "gateway-shm.log") as gw_shm, \
-            GatewayProcess(triton.grpc_url, settings={"shm": "none", "workers": "1"},
+            GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"shm": "none", "workers": "1"},
                            log_path=logs / "gateway-none.log") as gw_none:
         direct = Series(label="direct grpc", spec=TritonSpec(url=triton.grpc_url, model=ensemble))
         direct_shm = Series(label="direct shm", spec=TritonSpec(url=triton.grpc_url, model=ensemble, shm=True))

@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                 # the shipped log level (info: one access-log line per request), as a user runs it
                 settings = {"pipeline": pipeline, "repository": str(repo),
                             **({"workers": args.workers} if args.workers else {}), **gateway_settings, **extra}
-                with GatewayProcess(triton.grpc_url, settings=settings,
+                with GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings=settings,
                                     log_path=work / f"gateway-{label.replace(' ', '-')}.log") as gw:
                     wait_until_served(gw.url)
                     assert gw.process is not None

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         tensors = {name: feed[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
         rows_, width = feed["input_ids"].shape
         with TritonServer(repository=repo, log_path=work / "triton.log") as server:
-            client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm_prefix="sparsebench_steps"))
+            client = TritonClient(GatewaySettings(triton_url=server.grpc_url, triton_http_url=server.http_address, shm_prefix="sparsebench_steps"))
             steps = (("splade_onnx", Output("sparse_embeddings", VOCAB, "bench")),
                      ("splade_topk", Output("topk", 2 * args.k, "bench")))
             for step, output in steps:

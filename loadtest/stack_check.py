@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "triton step computing nothing (gRPC, python backend round trip)"))
         for pipeline in ("scheduler", "ensemble"):
             settings = {"pipeline": pipeline, "repository": str(args.repository)}  # shipped log level: info
-            with GatewayProcess(triton.grpc_url, settings=settings, log_path=args.out / f"gateway-{pipeline}.log") as gw:
+            with GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings=settings, log_path=args.out / f"gateway-{pipeline}.log") as gw:
                 got = asyncio.run(embed_all(gw.url, args.served, texts, args.concurrency))
                 answers[pipeline] = min_cosine(got, expected)
                 if pipeline == "scheduler":  # lone texts: one-row runs (on a GPU, replayed CUDA graphs)

@@ -264,7 +264,7 @@ def compare(args: argparse.Namespace) -> None:
                                       retry=retry)  # type: ignore[arg-type]
                     settings = {"repository": str(repository), "pipeline": pipeline, "request_timeout_s": "3",
                                 "triton_timeout_s": "2"}
-                    with GatewayProcess(triton_url=triton.grpc_url, settings=settings, code_root=Path(root),
+                    with GatewayProcess(triton_url=triton.grpc_url, triton_http_url=triton.http_address, settings=settings, code_root=Path(root),
                                         log_path=work / f"gateway-{label}-{pipeline}-{retry}.log") as gw:
                         report = run_storm_sync(gw.url, reference, s, log=print)
                     rows.append({"code": label, "pipeline": pipeline, "retry": retry, **report.summary()})

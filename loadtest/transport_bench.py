@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
         checks["triton extensions"] = server_extensions(triton.grpc_url)
         checks["model step runner"] = runner_lines(work / "triton.log")
-        gateways = {t: GatewayProcess(triton.grpc_url, log_path=work / f"gateway-{t}.log", settings={
+        gateways = {t: GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, log_path=work / f"gateway-{t}.log", settings={
             "shm": t, "workers": "1", "pipeline": "scheduler", "repository": str(repo), "log_level": "warning",
             "shm_prefix": f"tb{t}"}) for t in transports}
         for gateway in gateways.values():

@@ -53,6 +53,14 @@ def test_environment_passes_gateway_variables_and_settings_override(monkeypatch:
     assert (env["GATEWAY_TRITON_URL"], env["GATEWAY_HOST"], env["GATEWAY_PORT"]) == ("127.0.0.1:9", "127.0.0.1", "1234")
 
 
+def test_environment_names_tritons_http_endpoint_unless_this_one_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_TRITON_HTTP_URL", "elsewhere:1")
+    assert GatewayProcess("127.0.0.1:9", "http://127.0.0.1:8").environment()["GATEWAY_TRITON_HTTP_URL"] == "127.0.0.1:8"
+    assert GatewayProcess("127.0.0.1:9").environment()["GATEWAY_TRITON_HTTP_URL"] == "none"  # not given: gRPC only
+    monkeypatch.setenv("GATEWAY_TRITON_HTTP_URL", "none")  # a benchmark's gRPC-only runs
+    assert GatewayProcess("127.0.0.1:9", "127.0.0.1:8").environment()["GATEWAY_TRITON_HTTP_URL"] == "none"
+
+
 def test_local_stack_gateway_honours_api_keys_of_the_environment(
     fake_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,11 +33,12 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TRUNCATION_PARAMETER
+from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TIMEOUT_PARAMETER, TRUNCATION_PARAMETER
 from gateway import tracing
 from gateway.errors import ErrorKind, ErrorType, GatewayError, unavailable
 from gateway.metrics import SHM_RETIRED, TRITON_LATENCY
 from gateway.settings import GatewaySettings
+from gateway.triton.http_infer import HttpUnreachable, TritonHttpInfer
 from gateway.triton.shm_pool import (
     Region,
     RegionLayout,
@@ -120,6 +121,7 @@ CHANNEL_ARGS = [
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
 CLOSE_DRAIN_S = 0.2  # how long close() stays on the loop after a call that gRPC may still report on
+HTTP_RETRY_S = 10.0  # after Triton's HTTP endpoint refused a connection, calls go over gRPC this long
 _RETIRE_POLL_S = (0.02, 1.0)  # first and longest wait between two unregister attempts of a retired region
 
 
@@ -220,6 +222,8 @@ class TritonClient:
         self.settings = settings
         self.timeout = settings.triton_timeout_s
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
+        self.http = TritonHttpInfer(settings.triton_http_url) if settings.triton_http_url != "none" else None
+        self._http_refused_at: float | None = None  # when the HTTP endpoint last refused a connection
         self._calls = _CallLedger()  # every call to Triton is counted in it (close() reads it)
         self.pools: dict[str, ShmPool] = {}
         self.epoch = 0  # registrations made by this worker; +1 each time they are made again
@@ -460,31 +464,77 @@ class TritonClient:
     ) -> list[np.ndarray]:
         """The one inference call: inputs written into `transport`'s slots (an input too large for its slot, or
         no region at all, goes as a gRPC tensor), outputs read from them (or from the answer), each checked
-        against its expected shape; the call's span and latency metric, by transport."""
+        against its expected shape; the call's span and latency metric, by transport. A call whose inputs are
+        all in the region goes over Triton's HTTP endpoint (gateway/triton/http_infer.py) where it is set."""
         client_timeout, timeout_us = self._timeouts(deadline)
         start = time.perf_counter()
-        infer_inputs = []
-        for tensor in inputs:
-            infer_input = grpcclient.InferInput(tensor.name, tensor.shape, tensor.datatype)
-            infer_inputs.append(infer_input)
-            if transport is not None:
+        placed: dict[str, tuple[int, int]] = {}  # input name -> (bytes, offset) in the region
+        if transport is not None:
+            for tensor in inputs:
                 payload = tensor.payload()
                 size = payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
                 if transport.layout.fits({tensor.name: size}):
                     transport.write(tensor.name, payload)
-                    infer_input.set_shared_memory(transport.name, size, transport.layout.offset(tensor.name))
-                    continue
-            infer_input.set_data_from_numpy(tensor.array())
+                    placed[tensor.name] = (size, transport.layout.offset(tensor.name))
+        via = "grpc" if transport is None else "shm"
+        if transport is not None and len(placed) == len(inputs) and self._http_usable():
+            try:
+                shapes = await self._infer_http(model, inputs, outputs, transport, placed, client_timeout, timeout_us,
+                                                parameters)
+            except HttpUnreachable as exc:
+                self._http_refused_at = time.monotonic()
+                log.warning("%s; inference goes over gRPC for %.0f s", exc.message(), HTTP_RETRY_S)
+            else:
+                TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
+                return [_output(shapes.get(want.name), model, want, transport, None) for want in outputs]
+        infer_inputs = []
+        for tensor in inputs:
+            infer_input = grpcclient.InferInput(tensor.name, tensor.shape, tensor.datatype)
+            infer_inputs.append(infer_input)
+            if tensor.name in placed:
+                assert transport is not None
+                infer_input.set_shared_memory(transport.name, *placed[tensor.name])
+            else:
+                infer_input.set_data_from_numpy(tensor.array())
         requested = [grpcclient.InferRequestedOutput(o.name) for o in outputs]
         if transport is not None:
             for want, out in zip(outputs, requested):
                 out.set_shared_memory(transport.name, want.nbytes, transport.layout.offset(want.name))
-        via = "grpc" if transport is None else "shm"
         with self._calls, tracing.triton_call(model, outputs[0].shape[0], via) as headers:
             result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
                                            timeout=timeout_us, parameters=parameters, headers=headers)
         TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
-        return [_output(result, model, want, transport) for want in outputs]
+        return [_output(_grpc_shape(result, want.name), model, want, transport, result) for want in outputs]
+
+    def _http_usable(self) -> bool:
+        """An HTTP endpoint is set, and has not refused a connection in the last HTTP_RETRY_S."""
+        if self.http is None:
+            return False
+        refused = self._http_refused_at
+        return refused is None or time.monotonic() - refused > HTTP_RETRY_S
+
+    async def _infer_http(
+        self, model: str, inputs: list[Tensor], outputs: list[Wanted], region: Region,
+        placed: dict[str, tuple[int, int]], timeout_s: float, timeout_us: int, parameters: dict[str, str] | None,
+    ) -> dict[str, list[int]]:
+        """One call over Triton's HTTP endpoint, every tensor in `region`: the answer's output shapes by name."""
+        assert self.http is not None
+        request = {
+            "parameters": {TIMEOUT_PARAMETER: timeout_us, **(parameters or {})},
+            "inputs": [{"name": t.name, "shape": t.shape, "datatype": t.datatype,
+                        "parameters": {"shared_memory_region": region.name, "shared_memory_byte_size": placed[t.name][0],
+                                       "shared_memory_offset": placed[t.name][1]}} for t in inputs],
+            "outputs": [{"name": o.name, "parameters": {"shared_memory_region": region.name,
+                                                        "shared_memory_byte_size": o.nbytes,
+                                                        "shared_memory_offset": region.layout.offset(o.name)}}
+                        for o in outputs],
+        }
+        with self._calls, tracing.triton_call(model, outputs[0].shape[0], "shm", "http") as headers:
+            answer = await self.http.infer(model, request, timeout_s, headers)
+        try:
+            return {str(o["name"]): [int(d) for d in o["shape"]] for o in answer.get("outputs", ())}
+        except (KeyError, TypeError, ValueError):
+            raise _contract_mismatch(model, "an answer without output shapes") from None
 
     # --- shutdown ---------------------------------------------------------------------
     async def close(self) -> None:
@@ -499,6 +549,8 @@ class TritonClient:
         self.pools.clear()
         self._closed_pools.clear()
         late = self._calls.may_report_late
+        if self.http is not None:
+            self.http.close()
         await self.grpc.close()
         # gRPC's core reports the end of a cancelled call (a timed-out infer, the channel's own cancels
         # of calls in flight) later, through its poller thread, to the loop the call was made on. Stay on
@@ -509,20 +561,27 @@ class TritonClient:
             await asyncio.sleep(CLOSE_DRAIN_S)
 
 
-def _output(result: grpcclient.InferResult, model: str, want: Wanted, region: Region | None) -> np.ndarray:
-    """Output `want` of a call, from the answer or the region it was written into, or a contract-mismatch
-    error when Triton's shape disagrees: in shared memory the bytes alone cannot tell a narrower output
-    from a right one. Shapes agree when they do but for sizes of 1 (Triton's [n, 1] is a [n] column)."""
+def _grpc_shape(result: grpcclient.InferResult, name: str) -> list[int] | None:
+    meta = result.get_output(name)
+    return list(meta.shape) if meta is not None else None
+
+
+def _output(shape: list[int] | None, model: str, want: Wanted, region: Region | None,
+            result: grpcclient.InferResult | None) -> np.ndarray:
+    """Output `want` of a call whose answer gave it `shape`, from the answer (`result`, a gRPC answer without a
+    region) or the region it was written into, or a contract-mismatch error when Triton's shape disagrees: in
+    shared memory the bytes alone cannot tell a narrower output from a right one. Shapes agree when they do
+    but for sizes of 1 (Triton's [n, 1] is a [n] column)."""
+    array = None
     if region is None:
+        assert result is not None
         array = result.as_numpy(want.name)
         shape = list(array.shape) if array is not None else None
-    else:
-        meta = result.get_output(want.name)
-        shape = list(meta.shape) if meta is not None else None
     if shape is None:
         raise _contract_mismatch(model, f"no output {want.name!r}")
     if [d for d in shape if d != 1] != [d for d in want.shape if d != 1]:
         raise _contract_mismatch(model, f"output {want.name!r} has shape {shape}, expected {list(want.shape)}")
-    if region is None:
-        return array.reshape(want.shape)  # type: ignore[union-attr]
+    if array is not None:
+        return array.reshape(want.shape)
+    assert region is not None
     return region.read(want.name, want.dtype, want.shape)

@@ -59,7 +59,7 @@ def whole_path(args: argparse.Namespace, repo: Path, work: Path, machine: Machin
     texts = fixed_length_corpus(words=112, size=512)
     steps: list[StepResult] = []
     with start_triton(repo, work / "triton-6.log") as triton, \
-            GatewayProcess(triton.grpc_url, settings={"workers": str(args.path_workers), "shm": "system", **args.gateway_settings},
+            GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"workers": str(args.path_workers), "shm": "system", **args.gateway_settings},
                            log_path=work / "gateway-6.log") as gw:
         gateway = Series(label="gateway /embed", spec=GatewaySpec(url=gw.url, endpoint="embed", model=name))
         direct = Series(label="triton direct grpc", spec=TritonSpec(url=triton.grpc_url, model=ensemble))
@@ -104,7 +104,7 @@ def gateway_workers(args: argparse.Namespace, repo: Path, work: Path, machine: M
         steps += run_sweep([Series(label="triton direct grpc", spec=TritonSpec(url=triton.grpc_url, model=ensemble))],
                            plan, texts, args.progress)
         for w in args.workers:
-            with GatewayProcess(triton.grpc_url, settings={"workers": str(w), "shm": "system", **args.gateway_settings},
+            with GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"workers": str(w), "shm": "system", **args.gateway_settings},
                                 log_path=work / f"gateway-5-w{w}.log") as gw:
                 time.sleep(1.0 + 0.2 * w)  # every worker up
                 steps += run_sweep([Series(label=f"gateway {w} workers",

@@ -117,7 +117,7 @@ async def test_gateway_embeddings_equal_sentence_transformers(
     Normalize module (or none), max_seq_length and default prompt, as `SentenceTransformer.encode` gives them."""
     texts = [t for t in TEXTS if t]  # the API takes no empty text
     with serving(TritonServer(repository=repository, log_path=tmp_path / "triton.log")) as server:
-        gateway = running_gateway(server.grpc_url, repository=str(repository), shm_prefix="gwstmodules")
+        gateway = running_gateway(server.grpc_url, triton_http_url=server.http_address, repository=str(repository), shm_prefix="gwstmodules")
         async with gateway as (_, client):
             for name in ("mean", "last", "cls", "plain"):
                 model = SentenceTransformer(str(models[name]), device="cpu")

@@ -207,7 +207,7 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 async def gateway(repository: Path, server: TritonServer) -> AsyncIterator[httpx.AsyncClient]:
     """The gateway (scheduler pipeline: it sends packed batches to steps whose config says layout: packed)."""
-    async with running_gateway(server.grpc_url, repository=str(repository), shm_prefix="gw20packed") as (_, http):
+    async with running_gateway(server.grpc_url, triton_http_url=server.http_address, repository=str(repository), shm_prefix="gw20packed") as (_, http):
         yield http
 
 

@@ -97,10 +97,11 @@ def scrape(url: str) -> dict[Series, float]:
     return samples
 
 
-async def traffic(triton_url: str, repository: Path, pipeline: Literal["scheduler", "ensemble"]) -> None:
+async def traffic(triton_url: str, triton_http_url: str, repository: Path, pipeline: Literal["scheduler", "ensemble"]) -> None:
     """Requests through the gateway: the scheduler pipeline calls the model steps, the ensemble
     pipeline the ensembles (whose figures are the sum of their steps')."""
-    app = create_app(GatewaySettings(triton_url=triton_url, repository=str(repository), pipeline=pipeline))
+    app = create_app(GatewaySettings(triton_url=triton_url, triton_http_url=triton_http_url, repository=str(repository),
+                                     pipeline=pipeline))
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=60) as client:
             for i in range(4):
@@ -118,7 +119,7 @@ def test_rule_reads_real_triton_series_and_answers_per_pod(
     before = scrape(triton_server.metrics_url)
     pipelines: tuple[Literal["scheduler", "ensemble"], ...] = ("scheduler", "ensemble")
     for pipeline in pipelines:
-        asyncio.run(traffic(triton_server.grpc_url, python_repository, pipeline))
+        asyncio.run(traffic(triton_server.grpc_url, triton_server.http_address, python_repository, pipeline))
     deadline = time.monotonic() + 10
     while True:
         after = scrape(triton_server.metrics_url)

@@ -80,10 +80,10 @@ async def test_admin_keys(lifecycle: tuple[TritonServer, Path, Path]) -> None:
     """Off without GATEWAY_ADMIN_KEYS (404); 401 without a key; 403 for an API key or a wrong one;
     admin keys open no API route when API keys are set."""
     server, repository, _ = lifecycle
-    async with running_gateway(server.grpc_url, shm="none", repository=str(repository)) as (_, client):
+    async with running_gateway(server.grpc_url, triton_http_url=server.http_address, shm="none", repository=str(repository)) as (_, client):
         off = _error(await client.get("/admin/models", headers=ADMIN), 404)
         assert "GATEWAY_ADMIN_KEYS" in off["message"]
-    async with running_gateway(server.grpc_url, shm="none", repository=str(repository), admin_keys="admin-key",
+    async with running_gateway(server.grpc_url, triton_http_url=server.http_address, shm="none", repository=str(repository), admin_keys="admin-key",
                                api_keys="api-key") as (_, client):
         r = await client.post("/admin/models/tinyemb/reload")
         assert _error(r, 401)["type"] == "authentication_error" and r.headers["WWW-Authenticate"] == "Bearer"
@@ -96,13 +96,13 @@ async def test_admin_keys(lifecycle: tuple[TritonServer, Path, Path]) -> None:
 
 
 async def _states(server: TritonServer, repository: Path) -> dict[str, str]:
-    async with running_gateway(server.grpc_url, shm="none", repository=str(repository)) as (_, client):
+    async with running_gateway(server.grpc_url, triton_http_url=server.http_address, shm="none", repository=str(repository)) as (_, client):
         return (await client.get("/readyz")).json()["families"]  # type: ignore[no-any-return]
 
 
 async def test_unload_and_load_under_traffic(lifecycle: tuple[TritonServer, Path, Path]) -> None:
     server, repository, _ = lifecycle
-    async with running_gateway(server.grpc_url, repository=str(repository), admin_keys="admin-key",
+    async with running_gateway(server.grpc_url, triton_http_url=server.http_address, repository=str(repository), admin_keys="admin-key",
                                shm_prefix=f"gwadm{random.randrange(1 << 20)}", refresh_interval_s=0.5) as (_, client):
         listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
         assert {f["name"]: (f["state"], f["served"]) for f in listed} == {
@@ -171,8 +171,8 @@ async def test_rebuild_then_reload_under_traffic(lifecycle: tuple[TritonServer, 
     its second refresh since then (the first may have begun before the reload)."""
     server, repository, root = lifecycle
     settings: dict[str, Any] = {"repository": str(repository), "refresh_interval_s": 0.5}
-    async with (running_gateway(server.grpc_url, admin_keys="admin-key", shm_prefix="gwadmA", **settings) as (_, a),
-                running_gateway(server.grpc_url, pipeline="ensemble", shm_prefix="gwadmB", **settings) as (app_b, b)):
+    async with (running_gateway(server.grpc_url, triton_http_url=server.http_address, admin_keys="admin-key", shm_prefix="gwadmA", **settings) as (_, a),
+                running_gateway(server.grpc_url, triton_http_url=server.http_address, pipeline="ensemble", shm_prefix="gwadmB", **settings) as (app_b, b)):
         b_refreshes = 0  # refreshes gateway b completed
         b_runtime = app_b.state.runtime
         b_refresh = b_runtime.refresh

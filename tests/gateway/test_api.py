@@ -43,7 +43,7 @@ def expected_scores(text: str) -> np.ndarray:
 @pytest.mark.parametrize("n", [1, 7, 300])
 async def test_classify_order_and_values(fake_triton: TritonServer, shm: str, n: int) -> None:
     inputs = texts(n)
-    async with running_gateway(fake_triton.grpc_url, shm=shm, shm_prefix=f"gwcls{shm}{n}") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm=shm, shm_prefix=f"gwcls{shm}{n}") as (_, client):
         r = await client.post("/classify", json={"model": "fakecls", "inputs": inputs if n > 1 else inputs[0]})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -59,7 +59,7 @@ async def test_classify_order_and_values(fake_triton: TritonServer, shm: str, n:
 @pytest.mark.parametrize("shm", ["system", "none"])
 async def test_embed_order_values_and_normalize(fake_triton: TritonServer, shm: str) -> None:
     inputs = texts(300)
-    async with running_gateway(fake_triton.grpc_url, shm=shm, shm_prefix=f"gwemb{shm}") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm=shm, shm_prefix=f"gwemb{shm}") as (_, client):
         raw = (await client.post("/embed", json={"inputs": inputs, "normalize": False})).json()
         unit = (await client.post("/embed", json={"model": "fakeemb", "inputs": inputs})).json()
     want = np.stack([fake_vector(t, EMBED_DIM) for t in inputs])
@@ -71,7 +71,7 @@ async def test_embed_order_values_and_normalize(fake_triton: TritonServer, shm: 
 async def test_shared_memory_really_carries_the_tensors(fake_triton: TritonServer) -> None:
     prefix = "gwproof"
     inputs = ["alpha beta", "gamma", "delta epsilon zeta"]
-    async with running_gateway(fake_triton.grpc_url, shm_prefix=prefix, shm_pool_size=1) as (app, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix=prefix, shm_pool_size=1) as (app, client):
         status = grpcclient.InferenceServerClient(fake_triton.grpc_url).get_system_shared_memory_status(as_json=True)
         registered = {r["name"]: r for r in status.get("regions", {}).values() if r["name"].startswith(prefix)}
         pool = app.state.runtime.client.pools["fakeemb_onnx_ensemble"]
@@ -102,7 +102,7 @@ async def test_shared_memory_really_carries_the_tensors(fake_triton: TritonServe
 
 
 async def test_none_fallback_registers_nothing(fake_triton: TritonServer) -> None:
-    async with running_gateway(fake_triton.grpc_url, shm="none", shm_prefix="gwnone") as (app, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm="none", shm_prefix="gwnone") as (app, client):
         before = (await client.get("/metrics")).text
         r = await client.post("/classify", json={"inputs": ["x y"]})
         after = (await client.get("/metrics")).text
@@ -114,7 +114,7 @@ async def test_none_fallback_registers_nothing(fake_triton: TritonServer) -> Non
 
 
 async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonServer) -> None:
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwops") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwops") as (_, client):
         models = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
         assert models["fakecls"]["labels"] == LABELS and models["fakecls"]["task"] == "classify"
         assert models["fakeemb"]["dimensions"] == EMBED_DIM and models["fakeemb"]["max_tokens"] == MAX_SEQ_LEN
@@ -159,7 +159,7 @@ async def test_models_health_ready_metrics_and_request_id(fake_triton: TritonSer
     ],
 )
 async def test_errors_have_one_shape(fake_triton: TritonServer, path: str, body: dict, status: int, kind: str) -> None:
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwerr", max_inputs=10) as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwerr", max_inputs=10) as (_, client):
         r = await client.post(path, json=body)
     assert r.status_code == status, r.text
     assert r.json()["error"]["type"] == kind and r.json()["error"]["message"]
@@ -167,19 +167,19 @@ async def test_errors_have_one_shape(fake_triton: TritonServer, path: str, body:
 
 
 async def test_truncate_true_bills_at_most_max_seq_len(fake_triton: TritonServer) -> None:
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwtrunc") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwtrunc") as (_, client):
         r = await client.post("/classify", json={"inputs": ["w " * 20]})
     assert r.status_code == 200 and r.json()["usage"]["tokens"] == MAX_SEQ_LEN
 
 
 async def test_invalid_json_is_400(fake_triton: TritonServer) -> None:
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwjson") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwjson") as (_, client):
         r = await client.post("/classify", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json"
 
 
 async def test_auth_on(fake_triton: TritonServer) -> None:
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwauth", api_keys=["k1", "k2"]) as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwauth", api_keys=["k1", "k2"]) as (_, client):
         missing = await client.post("/classify", json={"inputs": "a"})
         wrong = await client.post("/classify", json={"inputs": "a"}, headers={"Authorization": "Bearer nope"})
         good = await client.post("/classify", json={"inputs": "a"}, headers={"Authorization": "Bearer k2"})
@@ -192,7 +192,7 @@ async def test_auth_on(fake_triton: TritonServer) -> None:
 
 
 async def test_auth_off_by_default(fake_triton: TritonServer) -> None:
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwnoauth") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwnoauth") as (_, client):
         r = await client.post("/classify", json={"inputs": "a"}, headers={"Authorization": "Bearer anything"})
     assert r.status_code == 200
 
@@ -200,7 +200,7 @@ async def test_auth_off_by_default(fake_triton: TritonServer) -> None:
 async def test_in_flight_limit_is_429(fake_triton: TritonServer) -> None:
     import asyncio
 
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gw429", max_in_flight=1) as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gw429", max_in_flight=1) as (_, client):
         results = await asyncio.gather(*(client.post("/embed", json={"inputs": texts(40)}) for _ in range(4)))
     codes = sorted(r.status_code for r in results)
     assert codes[0] == 200 and codes[-1] == 429, codes
@@ -212,7 +212,7 @@ async def test_timeouts_are_504(fake_triton: TritonServer, setting: str) -> None
     """The fake step sleeps 0.5 s on the first text, ten times the deadline: the call cannot beat it, however
     late a loaded machine's gRPC timer fires (a 0.5 ms deadline on a fast call once answered 200 in CI).
     `fakecls`, which no other test counts; a call queued behind the sleep returns once it is over."""
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gw504", **{setting: 0.05}) as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gw504", **{setting: 0.05}) as (_, client):
         r = await client.post("/classify", json={"model": "fakecls", "inputs": ["sleep:0.5 a", *texts(20)]})
     assert r.status_code == 504, r.text
     assert r.json()["error"]["type"] == "timeout"
@@ -222,7 +222,7 @@ async def test_timeouts_are_504(fake_triton: TritonServer, setting: str) -> None
 
 
 async def test_triton_absent_is_503() -> None:
-    async with running_gateway(f"127.0.0.1:{free_port()}", shm_prefix="gw503", startup_timeout_s=0.5) as (_, client):
+    async with running_gateway(f"127.0.0.1:{free_port()}", triton_http_url=f"127.0.0.1:{free_port()}", shm_prefix="gw503", startup_timeout_s=0.5) as (_, client):
         r = await client.post("/classify", json={"inputs": "a"})
         ready = await client.get("/readyz")
     assert r.status_code == 503 and r.json()["error"]["type"] == "triton_unavailable"
@@ -236,7 +236,7 @@ async def test_tensorrt_ensemble_preferred_and_backend_choosable(fake_triton: Tr
         return int(stats.get_inference_statistics(ensemble).model_stats[0].inference_count)
 
     before = {e: count(e) for e in ("fakeemb_trt_fp16_ensemble", "fakeemb_onnx_ensemble")}
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwbackend") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwbackend") as (_, client):
         assert (await client.post("/embed", json={"inputs": ["a", "b", "c"]})).status_code == 200
         assert (await client.post("/embed", json={"inputs": ["a"], "backend": "onnx"})).status_code == 200
         assert (await client.post("/embed", json={"inputs": ["a", "b"], "backend": "trt"})).status_code == 200
@@ -246,14 +246,14 @@ async def test_tensorrt_ensemble_preferred_and_backend_choosable(fake_triton: Tr
 
 async def test_docs_work_offline_and_can_be_switched_off(fake_triton: TritonServer) -> None:
     """/docs serves Swagger UI from the bundled assets (no CDN); GATEWAY_DOCS=false removes docs and schema."""
-    async with running_gateway(fake_triton.grpc_url, shm="none") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm="none") as (_, client):
         page = await client.get("/docs")
         assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text
         assert "cdn" not in page.text.lower() and "http://" not in page.text and "https://" not in page.text
         script = await client.get("/docs/assets/swagger-ui-bundle.js")
         assert script.status_code == 200 and len(script.content) > 100_000
         assert (await client.get("/openapi.json")).status_code == 200
-    async with running_gateway(fake_triton.grpc_url, shm="none", docs=False) as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm="none", docs=False) as (_, client):
         assert (await client.get("/docs")).status_code == 404
         assert (await client.get("/openapi.json")).status_code == 404
 
@@ -266,7 +266,7 @@ async def test_a_contract_mismatch_is_a_502_not_wrong_numbers(tmp_path: Path) ->
               {"task": "embed", "embedding_dim": str(EMBED_DIM + 1), "pooling": "mean"})
     with serving(TritonServer(repository=repository, log_path=tmp_path / "triton.log")) as server:
         for shm in ("system", "none"):
-            async with running_gateway(server.grpc_url, shm=shm, shm_prefix="gwmismatch") as (_, client):
+            async with running_gateway(server.grpc_url, triton_http_url=server.http_address, shm=shm, shm_prefix="gwmismatch") as (_, client):
                 r = await client.post("/embed", json={"model": "wideemb", "inputs": ["a b"]})
                 assert r.status_code == 502 and r.json()["error"]["type"] == "contract_mismatch", (shm, r.text)
                 ok = await client.post("/embed", json={"model": "fakeemb", "inputs": ["a b"]})
@@ -282,7 +282,7 @@ async def test_refusals_before_routing_are_counted_on_their_route(fake_triton: T
              ("POST", "/tei/fakeemb/embed"): "/tei/{model}/embed", ("GET", "/tei/fakeemb/info"): "/tei/{model}/info",
              ("POST", "/admin/models/fakeemb/reload"): "/admin/models/{name}/reload",
              ("GET", "/admin/models"): "/admin/models"}
-    async with running_gateway(fake_triton.grpc_url, shm="none", api_keys=["k3y"], admin_keys=["adm1n"]) as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm="none", api_keys=["k3y"], admin_keys=["adm1n"]) as (_, client):
         before = (await client.get("/metrics")).text
         for method, path in calls:
             r = await client.request(method, path, json={"inputs": "a"})

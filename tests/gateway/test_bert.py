@@ -66,7 +66,7 @@ async def test_classify_matches_pytorch(
     triton_server: TritonServer, python_repository: Path, tiny_classifier_dir: Path, shm: str, pipeline: str
 ) -> None:
     settings = pipeline_settings(pipeline, python_repository)
-    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwbertc{shm}", **settings) as (_, client):
+    async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, shm=shm, shm_prefix=f"gwbertc{shm}", **settings) as (_, client):
         card = next(m for m in (await client.get("/v1/models")).json()["data"] if m["id"] == "tinycls")
         r = await client.post("/classify", json={"model": "tinycls", "inputs": TEXTS})
     assert r.status_code == 200, r.text
@@ -86,7 +86,7 @@ async def test_embed_matches_pytorch(
     triton_server: TritonServer, python_repository: Path, tiny_embedder_dir: Path, shm: str, pipeline: str
 ) -> None:
     settings = pipeline_settings(pipeline, python_repository)
-    async with running_gateway(triton_server.grpc_url, shm=shm, shm_prefix=f"gwberte{shm}", **settings) as (_, client):
+    async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, shm=shm, shm_prefix=f"gwberte{shm}", **settings) as (_, client):
         card = next(m for m in (await client.get("/v1/models")).json()["data"] if m["id"] == "tinyemb")
         raw = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS, "normalize": False})
         unit = await client.post("/embed", json={"model": "tinyemb", "inputs": TEXTS, "normalize": True})
@@ -109,7 +109,7 @@ async def test_order_for_300_inputs_and_truncate_false(
 ) -> None:
     texts = [f"sentence {i} " + "word " * (i % 13) for i in range(300)]
     settings = pipeline_settings(pipeline, python_repository)
-    async with running_gateway(triton_server.grpc_url, shm_prefix="gwbert300", **settings) as (_, client):
+    async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, shm_prefix="gwbert300", **settings) as (_, client):
         many = await client.post("/classify", json={"model": "tinycls", "inputs": texts})
         one_by_one = [
             (await client.post("/classify", json={"model": "tinycls", "inputs": t})).json()["predictions"][0]

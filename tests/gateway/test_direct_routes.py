@@ -266,7 +266,7 @@ class SeenByStack:
 async def uvicorn_gateway(triton: TritonServer, **settings: Any
                           ) -> AsyncIterator[tuple[httpx.AsyncClient, SeenByStack, FastAPI]]:
     """The gateway app under a real uvicorn in this process (the protocol `python -m gateway` serves with)."""
-    app = create_app(GatewaySettings(triton_url=triton.grpc_url, **settings))
+    app = create_app(GatewaySettings(triton_url=triton.grpc_url, triton_http_url=triton.http_address, **settings))
     stack = SeenByStack(app.build_middleware_stack())
     app.middleware_stack = stack  # type: ignore[assignment]
     config = uvicorn.Config(app=app, host="127.0.0.1", port=0, http=NoDelayHttpToolsProtocol, log_config=None,
@@ -578,6 +578,6 @@ async def test_tei_routes_answer_log_and_count_the_same_with_the_direct_routes_o
 async def test_the_setting_and_tracing_decide_whether_the_protocol_gets_them(
         triton_server: TritonServer, setting: bool, traced: bool, served: bool) -> None:
     provider = TracerProvider() if traced else None  # tracing on: FastAPI makes each request's server span
-    app = create_app(GatewaySettings(triton_url=triton_server.grpc_url, direct_routes=setting), tracer_provider=provider)
+    app = create_app(GatewaySettings(triton_url=triton_server.grpc_url, triton_http_url=triton_server.http_address, direct_routes=setting), tracer_provider=provider)
     async with app.router.lifespan_context(app) as state:
         assert isinstance(state[STATE_KEY], DirectRoutes) is served

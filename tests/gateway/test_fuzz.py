@@ -110,7 +110,7 @@ CONFIG = {
 @pytest.fixture(scope="module")
 def gateway(fake_triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     log = tmp_path_factory.mktemp("fuzz") / "gateway.log"
-    with GatewayProcess(fake_triton.grpc_url, settings={"shm_prefix": "gwfuzz"}, log_path=log) as process:
+    with GatewayProcess(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, settings={"shm_prefix": "gwfuzz"}, log_path=log) as process:
         yield process
 
 

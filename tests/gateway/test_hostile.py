@@ -242,7 +242,7 @@ async def measure(port: int) -> Run:
 def hostile_gateway(fake_triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     log = tmp_path_factory.mktemp("hostile") / "gateway.log"
     settings = {"shm_prefix": "gwhostile", "max_body_bytes": str(BODY_LIMIT)}
-    with GatewayProcess(fake_triton.grpc_url, settings=settings, log_path=log) as process:
+    with GatewayProcess(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, settings=settings, log_path=log) as process:
         yield process
 
 
@@ -333,7 +333,8 @@ async def test_longest_text_with_truncate_false_on_a_real_tokenizer(
     ]
     repository = str(python_repository) if local_tokenizer else ""
     async with running_gateway(
-        triton_server.grpc_url, shm_prefix="gwhostbert", pipeline=pipeline, repository=repository
+        triton_server.grpc_url, triton_http_url=triton_server.http_address, shm_prefix="gwhostbert",
+        pipeline=pipeline, repository=repository
     ) as (_, client):
         small = {"model": "tinyemb", "inputs": ["a short text"]}
         assert (await client.post("/embed", json=small)).status_code == 200
@@ -370,7 +371,7 @@ async def test_default_body_limit_refuses_a_huge_text_before_reading_it(fake_tri
     """With the default GATEWAY_MAX_BODY_BYTES (2 MiB), the 3-million-character text never reaches the parser
     (the body limit answers, not the input length check)."""
     body = {"inputs": "a" * 3_000_000, "truncate": False}
-    async with running_gateway(fake_triton.grpc_url, shm_prefix="gwhostdef") as (_, client):
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix="gwhostdef") as (_, client):
         r = await client.post("/embed", json=body)
     assert r.status_code == 413 and r.json()["error"]["type"] == "body_too_large", r.text
     assert GENERATED_ID.fullmatch(r.headers["x-request-id"])
@@ -412,7 +413,7 @@ def test_api_keys_protect_inference_and_models_not_operations(
     protected = [("POST", "/classify", {"inputs": "a"}), ("POST", "/embed", {"inputs": "a"}),
                  ("POST", "/v1/embeddings", {"input": "a"}), ("GET", "/v1/models", None)]
     with (
-        GatewayProcess(fake_triton.grpc_url, settings=settings, log_path=log) as gateway,
+        GatewayProcess(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, settings=settings, log_path=log) as gateway,
         httpx.Client(base_url=gateway.url, timeout=30) as client,
     ):
         for method, path, body in protected:

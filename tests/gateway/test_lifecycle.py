@@ -136,7 +136,7 @@ async def test_discovery_follows_the_repository(tmp_path: Path, caplog: pytest.L
     await asyncio.to_thread(server.start)
     try:
         triton = grpcclient.InferenceServerClient(server.grpc_url)
-        async with running_gateway(server.grpc_url, refresh_interval_s=REFRESH_S, shm_prefix=prefix,
+        async with running_gateway(server.grpc_url, triton_http_url=server.http_address, refresh_interval_s=REFRESH_S, shm_prefix=prefix,
                                    shm_pool_size=2) as (app, client):
             refreshes = RefreshLog(app.state.runtime)
             # At start: the good models, not the malformed ones (c), each of which is named in the log.
@@ -212,7 +212,7 @@ async def test_unknown_model_burst_refreshes_once(fake_triton: TritonServer) -> 
     """50 concurrent requests for an unknown model share one read of Triton's index. With
     refresh_interval_s=0 (no watcher, a refresh always due) only the check inside the lock holds it.
     The read is held until all 50 have asked for a refresh, so that the whole burst arrives while it runs."""
-    async with running_gateway(fake_triton.grpc_url, refresh_interval_s=0, shm_prefix=unique("gwburst"),
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, refresh_interval_s=0, shm_prefix=unique("gwburst"),
                                shm_pool_size=1) as (app, client):
         runtime = app.state.runtime
         client_ = runtime.client
@@ -247,7 +247,7 @@ async def test_gateway_sigterm_under_load(fake_triton: TritonServer, tmp_path: P
     """Every request the gateway accepted is answered 200 with its own vectors; then no region is left."""
     prefix = unique("gwterm")
     log_path = tmp_path / "gateway.log"
-    gateway = GatewayProcess(fake_triton.grpc_url, log_path=log_path, settings={
+    gateway = GatewayProcess(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, log_path=log_path, settings={
         "shm_prefix": prefix, "workers": "1", "log_level": "info", "shm_pool_size": "4"})
     await asyncio.to_thread(gateway.start)
     assert gateway.process is not None

@@ -59,7 +59,7 @@ def triton(issue23_server: TritonServer) -> TritonServer:
 
 @pytest.fixture(scope="module")
 async def client(repository: Path, triton: TritonServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with running_gateway(triton.grpc_url, repository=str(repository), shm_prefix="gw23",
+    async with running_gateway(triton.grpc_url, triton_http_url=triton.http_address, repository=str(repository), shm_prefix="gw23",
                                max_input_chars=200_000) as (_, http):
         yield http
 
@@ -250,7 +250,7 @@ async def test_ensemble_pipeline_serves_splade_rows_but_not_per_token_outputs(
     ensemble, equal to the scheduler's; per-token outputs need the scheduler pipeline (501)."""
     texts = [*SHORT, CJK[1]]
     want = await _post(client, "/embed_sparse", {"model": "splade5", "inputs": texts})
-    async with running_gateway(triton.grpc_url, pipeline="ensemble", shm_prefix="gw23e") as (_, http):
+    async with running_gateway(triton.grpc_url, triton_http_url=triton.http_address, pipeline="ensemble", shm_prefix="gw23e") as (_, http):
         got = await _post(http, "/embed_sparse", {"model": "splade5", "inputs": texts})
         assert [[i["index"] for i in row] for row in got] == [[i["index"] for i in row] for row in want]
         np.testing.assert_allclose([i["value"] for row in got for i in row], [i["value"] for row in want for i in row],

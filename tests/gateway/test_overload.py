@@ -66,7 +66,7 @@ def storm(triton: TritonServer, repository: Path, tmp_path: Path, seconds: float
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     reference = {t: triton_embedding(client, f"{MODEL}_onnx_ensemble", t) for t in texts}
     settings = {"repository": str(repository), **STORM_GATEWAY, **gateway}
-    with GatewayProcess(triton_url=triton.grpc_url, settings=settings, log_path=tmp_path / "gateway.log") as proc:
+    with GatewayProcess(triton_url=triton.grpc_url, triton_http_url=triton.http_address, settings=settings, log_path=tmp_path / "gateway.log") as proc:
         report = run_storm_sync(proc.url, reference, StormSettings(model=MODEL, storm_s=seconds, retry=retry),
                                 log=print)
     print(json.dumps(report.summary()))
@@ -116,7 +116,7 @@ async def test_an_idle_stack_admits_a_large_request_after_single_texts_and_a_bur
     storm_triton: TritonServer, storm_repository: Path, pipeline: str
 ) -> None:
     texts = fixed_length_corpus(24, size=512)
-    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository), pipeline=pipeline) as (
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address, repository=str(storm_repository), pipeline=pipeline) as (
         app, client,
     ):
         for text in texts[:10]:  # single texts: a call's time is mostly its fixed cost
@@ -137,7 +137,7 @@ async def test_a_client_that_waits_what_retry_after_says_is_served(
     storm_triton: TritonServer, storm_repository: Path
 ) -> None:
     texts = fixed_length_corpus(24, size=2048)
-    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository), max_queue_wait_s=0.3,
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address, repository=str(storm_repository), max_queue_wait_s=0.3,
                                max_batches_in_flight=1) as (app, client):
         # 64 batches of 32: the first MIN_CALLS of them teach the cost, the rest are the work ahead
         load = asyncio.create_task(client.post("/embed", json=embed_body(texts)))
@@ -168,7 +168,7 @@ async def test_the_cost_of_a_call_is_learned_within_a_few_batched_calls(
     storm_triton: TritonServer, storm_repository: Path
 ) -> None:
     texts = fixed_length_corpus(24, size=64)
-    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository)) as (app, client):
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address, repository=str(storm_repository)) as (app, client):
         model = app.state.runtime.registry.resolve(MODEL, "embed")
         for size in (1, 32, 4, 16, 1, 32):  # one call each (the step's batches hold up to 32 texts)
             assert (await client.post("/embed", json=embed_body(texts[:size]))).status_code == 200
@@ -195,7 +195,7 @@ async def test_an_abandoned_calls_region_is_reused_only_after_triton_lets_go(
 ) -> None:
     prefix = "gwretire"
     gate = tmp_path / "release"  # the fake model holds the call until this file exists
-    async with running_gateway(fake_triton.grpc_url, shm_prefix=prefix, shm_pool_size=1, request_timeout_s=0.5) as (
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm_prefix=prefix, shm_pool_size=1, request_timeout_s=0.5) as (
         app, client,
     ):
         pool = app.state.runtime.client.pools["fakeemb_onnx_ensemble"]
@@ -223,7 +223,7 @@ async def test_an_abandoned_calls_region_is_reused_only_after_triton_lets_go(
 async def test_a_shedding_model_refuses_before_the_body_is_validated_or_tokenized(
     storm_triton: TritonServer, storm_repository: Path
 ) -> None:
-    async with running_gateway(storm_triton.grpc_url, repository=str(storm_repository), shed_pause_s=0.05) as (
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address, repository=str(storm_repository), shed_pause_s=0.05) as (
         app, client,
     ):
         assert (await client.post("/embed", json=embed_body(["warm"]))).status_code == 200

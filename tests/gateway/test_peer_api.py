@@ -57,7 +57,7 @@ def server(peer_server: TritonServer) -> TritonServer:
 
 def gateway(server: TritonServer, repository: Path, pipeline: str = "scheduler", **settings: Any) -> Any:
     readable = str(repository) if pipeline == "scheduler" else ""
-    return running_gateway(server.grpc_url, pipeline=pipeline, repository=readable,
+    return running_gateway(server.grpc_url, triton_http_url=server.http_address, pipeline=pipeline, repository=readable,
                            shm_prefix=f"gwpeer{pipeline}", **settings)
 
 
@@ -360,7 +360,7 @@ async def test_bad_uses_get_4xx_with_the_error_shape(
 async def test_pairs_and_dimensions_to_a_single_text_model(
     triton_server: TritonServer, python_repository: Path
 ) -> None:
-    async with running_gateway(triton_server.grpc_url, repository=str(python_repository),
+    async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, repository=str(python_repository),
                                shm_prefix="gwpeersingle") as (_, client):
         response = await client.post("/classify", json={"model": "tinycls", "inputs": [["a", "b"]]})
         width = (await client.get("/v1/models/tinyemb")).json()["dimensions"]

@@ -71,7 +71,7 @@ def serving(**settings: Any) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def url(peer_server: TritonServer, peer_repository: Path) -> Iterator[str]:
     """The gateway over the peer models: `st` (embedder with prompts), `reranker`, `nli` (pairs), `nlirank`."""
-    with serving(triton_url=peer_server.grpc_url, repository=str(peer_repository), shm_prefix="gwclients") as base:
+    with serving(triton_url=peer_server.grpc_url, triton_http_url=peer_server.http_address, repository=str(peer_repository), shm_prefix="gwclients") as base:
         yield base
 
 
@@ -170,7 +170,7 @@ def test_huggingface_hub_text_classification(triton_server: TritonServer, python
         logits = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_dir).eval()(
             **tokenizer(texts, padding=True, return_tensors="pt")).logits
     probs = torch.softmax(logits, -1).numpy()
-    settings = {"triton_url": triton_server.grpc_url, "repository": str(python_repository), "shm_prefix": "gwclientcls"}
+    settings = {"triton_url": triton_server.grpc_url, "triton_http_url": triton_server.http_address, "repository": str(python_repository), "shm_prefix": "gwclientcls"}
     with serving(**settings) as base:
         client = InferenceClient(base_url=f"{base}/tei/tinycls", api_key=KEY)
         for text, want in zip(texts, probs, strict=True):

@@ -214,10 +214,12 @@ async def clients(peer_server: TritonServer, peer_repository: Path, issue23_serv
     async with AsyncExitStack() as stack:
         yield {
             "peer": await stack.enter_async_context(running_gateway(
-                peer_server.grpc_url, repository=str(peer_repository), shm_prefix="gwtyped",
+                peer_server.grpc_url, triton_http_url=peer_server.http_address, repository=str(peer_repository),
+                shm_prefix="gwtyped",
                 admin_keys=["admin-key"])),
             "issue23": await stack.enter_async_context(running_gateway(
-                issue23_server.grpc_url, repository=str(issue23_repository), shm_prefix="gwtyped23")),
+                issue23_server.grpc_url, triton_http_url=issue23_server.http_address,
+                repository=str(issue23_repository), shm_prefix="gwtyped23")),
         }
 
 

@@ -29,7 +29,7 @@ async def test_triton_restart_under_traffic(fake_repository: Path, tmp_path: Pat
     await asyncio.to_thread(server.start)
     try:
         assert server.shm_files(), "the python backend's regions should carry the server's own prefix"
-        async with running_gateway(server.grpc_url, shm_prefix=prefix, shm_pool_size=2, triton_timeout_s=5) as (_, client):
+        async with running_gateway(server.grpc_url, triton_http_url=server.http_address, shm_prefix=prefix, shm_pool_size=2, triton_timeout_s=5) as (_, client):
             phase = "up"
             seen: list[tuple[str, int, str]] = []  # (phase the request started and ended in, status, type)
             events = itertools.count()  # orders the starts and ends of every request

@@ -45,7 +45,7 @@ async def test_gateway_tokenizer_matches_the_builders_and_tritons(
     triton_server: TritonServer, python_repository: Path, tiny_embedder_dir: Path
 ) -> None:
     texts = MULTILINGUAL + make_corpus(CorpusSpec(size=200, seed=7, non_ascii_share=0.5))
-    async with running_gateway(triton_server.grpc_url, repository=str(python_repository)) as (app, _):
+    async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, repository=str(python_repository)) as (app, _):
         encoder = app.state.runtime.inference.pipelines["tinyemb_onnx"].tokenizer.encoder
         encoded = encoder.encode(texts)
         single = [encoder.encode([t]) for t in texts[:20]]
@@ -80,7 +80,7 @@ async def test_length_aware_batches_are_fewer_and_fuller(
     lengths = [len(ids) for ids in hf(texts, truncation=True, max_length=64)["input_ids"]]
     fifo_ratio = len(texts) * max(lengths) / sum(lengths)  # one arrival-order batch padded to its longest
     settings = {"repository": str(python_repository), "max_batches_in_flight": 1, "shm_prefix": "gwsched"}
-    async with running_gateway(triton_server.grpc_url, **settings) as (_, client):
+    async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, **settings) as (_, client):
         before = step_counts(triton_server.grpc_url, "tinyemb_onnx")
         metrics_before = (await client.get("/metrics")).text
         answers = await asyncio.gather(*(
@@ -112,7 +112,7 @@ async def test_length_aware_batches_are_fewer_and_fuller(
 async def test_truncate_false_is_refused_before_any_inference(
     triton_server: TritonServer, python_repository: Path
 ) -> None:
-    async with running_gateway(triton_server.grpc_url, repository=str(python_repository)) as (_, client):
+    async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, repository=str(python_repository)) as (_, client):
         before = step_counts(triton_server.grpc_url, "tinycls_onnx")
         r = await client.post("/classify", json={"model": "tinycls", "inputs": ["ok", "good " * 200], "truncate": False})
         after = step_counts(triton_server.grpc_url, "tinycls_onnx")
@@ -131,7 +131,7 @@ async def test_without_a_readable_tokenizer_the_ensemble_serves(
     path = stale / "tinyemb_tokenizer" / "1" / "tokenizer.json"
     path.write_text(path.read_text().replace('"[UNK]"', '"[UNKNOWN]"'))  # not the file Triton serves
     for repository in ("", str(stale)):
-        async with running_gateway(triton_server.grpc_url, repository=repository) as (app, client):
+        async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, repository=repository) as (app, client):
             cards = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
             r = await client.post("/embed", json={"model": "tinyemb", "inputs": ["still served"]})
         assert r.status_code == 200
@@ -160,7 +160,7 @@ async def test_batches_in_flight_follow_the_instances_triton_runs(python_reposit
         with serving(TritonServer(repository=repo, log_path=tmp_path / f"triton{instances}.log")) as server:
             served = grpcclient.InferenceServerClient(server.grpc_url).get_model_config("tinyemb_onnx").config
             assert sum(g.count for g in served.instance_group) == instances  # what Triton runs
-            async with running_gateway(server.grpc_url, repository=str(repo), workers=1) as (app, client):
+            async with running_gateway(server.grpc_url, triton_http_url=server.http_address, repository=str(repo), workers=1) as (app, client):
                 assert (await client.post("/embed", json={"model": "tinyemb", "inputs": ["x"]})).status_code == 200
                 model = app.state.runtime.registry.resolve("tinyemb", "embed")
                 endpoint = model.endpoint(None)

@@ -82,7 +82,7 @@ def parent_of(span: ReadableSpan) -> int | None:
 async def test_scheduler_request_is_one_trace_of_tokenize_queue_batch_triton_serialize(
     triton_server: TritonServer, python_repository: Path, exporter: InMemorySpanExporter
 ) -> None:
-    async with traced_gateway(triton_server.grpc_url, exporter, repository=str(python_repository),
+    async with traced_gateway(triton_server.grpc_url, exporter, triton_http_url=triton_server.http_address, repository=str(python_repository),
                               shm_prefix="gwtrace") as client:
         r = await client.post("/embed", json={"model": "tinyemb", "inputs": ["hello world", "a"]},
                               headers={"traceparent": TRACEPARENT})
@@ -98,6 +98,7 @@ async def test_scheduler_request_is_one_trace_of_tokenize_queue_batch_triton_ser
     assert triton.kind is SpanKind.CLIENT
     attrs = dict(triton.attributes or {})
     assert attrs["gateway.model"] == "tinyemb_onnx" and attrs["gateway.transport"] == "shm"
+    assert attrs["rpc.system"] == "http"  # every tensor in shm: over Triton's HTTP endpoint
     assert isinstance(attrs["gateway.rows"], int) and attrs["gateway.rows"] >= 2
     assert dict(queue.attributes or {})["gateway.rows"] == 2
     assert dict(batch.attributes or {})["gateway.callers"] == 1 and not batch.links
@@ -111,7 +112,7 @@ async def test_a_batch_shared_by_concurrent_requests_links_their_traces(
     triton_server: TritonServer, python_repository: Path, exporter: InMemorySpanExporter
 ) -> None:
     # One batch in flight: the requests that arrive while it runs queue together and share the next.
-    async with traced_gateway(triton_server.grpc_url, exporter, repository=str(python_repository),
+    async with traced_gateway(triton_server.grpc_url, exporter, triton_http_url=triton_server.http_address, repository=str(python_repository),
                               shm_prefix="gwtracel", max_batches_in_flight=1) as client:
         for _ in range(5):
             exporter.clear()
@@ -159,7 +160,7 @@ async def test_ensemble_pipeline_spans_and_the_log_lines_trace_id(
     access.setLevel(logging.INFO)
     access.addHandler(handler)
     try:
-        async with traced_gateway(fake_triton.grpc_url, exporter, shm_prefix="gwtracee") as client:
+        async with traced_gateway(fake_triton.grpc_url, exporter, triton_http_url=fake_triton.http_address, shm_prefix="gwtracee") as client:
             r = await client.post("/classify", json={"model": "fakecls", "inputs": ["one", "two"]})
             assert r.status_code == 200, r.text
             assert (await client.get("/healthz")).status_code == 200  # probes are not traced
@@ -207,14 +208,14 @@ from gateway.settings import GatewaySettings
 
 sent = []
 async def main():
-    app = create_app(GatewaySettings(triton_url={fake_triton.grpc_url!r}, shm_prefix="gwtraceoff"))
+    app = create_app(GatewaySettings(triton_url={fake_triton.grpc_url!r}, triton_http_url={fake_triton.http_address!r}, shm_prefix="gwtraceoff"))
     assert not tracing.enabled()
     async with app.router.lifespan_context(app):
-        client = app.state.runtime.client.grpc
+        client = app.state.runtime.client.http  # every tensor in shm: the call goes over Triton's HTTP endpoint
         infer = client.infer
-        async def spy(*args, **kwargs):
-            sent.append(kwargs.get("headers"))
-            return await infer(*args, **kwargs)
+        async def spy(model, request, timeout_s, headers=None):
+            sent.append(headers)
+            return await infer(model, request, timeout_s, headers)
         client.infer = spy
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
@@ -339,7 +340,7 @@ def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         triton = TritonServer(repository=fake_repository, extra_args=tuple(flags), log_path=tmp_path / "triton.log")
-        with serving(triton), GatewayProcess(triton.grpc_url, settings={"shm_prefix": "gwotlp"}, log_path=tmp_path / "gw.log") as gw:
+        with serving(triton), GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"shm_prefix": "gwotlp"}, log_path=tmp_path / "gw.log") as gw:
             for i in range(CALLS):
                 r = httpx.post(f"{gw.url}/embed", json={"model": "fakeemb", "inputs": [f"hello traced world {i}"]},
                                timeout=30)

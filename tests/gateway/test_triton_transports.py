@@ -1,6 +1,7 @@
 """The gateway's Triton client's inference calls against a real tritonserver: each transport (a registered system
-shm region, plain gRPC, and both in one call when an input outgrows its slot), texts (BYTES) and token ids (INT32),
-answers checked against what the models compute by construction; and a failed call's error type."""
+shm region over Triton's HTTP or gRPC endpoint, plain gRPC, and both in one call when an input outgrows its slot),
+texts (BYTES) and token ids (INT32), answers checked against what the models compute by construction; and a failed
+call's error type over either endpoint."""
 
 from __future__ import annotations
 
@@ -56,9 +57,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
         yield running
 
 
-@pytest.mark.parametrize("shm", ["system", "none"])
-async def test_texts_and_token_ids_come_back_as_the_models_computed_them(server: TritonServer, shm: str) -> None:
-    client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm=shm, shm_prefix="gwwire"))
+@pytest.mark.parametrize(("shm", "http"), [("system", True), ("system", False), ("none", True)])
+async def test_texts_and_token_ids_come_back_as_the_models_computed_them(server: TritonServer, shm: str,
+                                                                         http: bool) -> None:
+    client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm=shm, shm_prefix="gwwire",
+                                          triton_http_url=server.http_address if http else "none"))
     try:
         await client.ensure_pool("fakeemb_onnx", {"text": 1024, "embeddings": 4 * EMBED_DIM * 8, "num_tokens": 32}, 1)
         await client.ensure_pool("rowsums", {INPUT_IDS: 1024, TOKEN_TYPE_IDS: 4096, CU_SEQLENS: 2048,
@@ -86,12 +89,14 @@ async def test_texts_and_token_ids_come_back_as_the_models_computed_them(server:
             expected = [[float(r.astype(np.int64).sum()), len(r), 0 if k % 3 != 1 else len(r)]
                         for k, r in enumerate(rows * (n // 3))]
             np.testing.assert_array_equal(sums, np.array(expected, np.float32))
+        # the calls whose tensors were all in the region went over HTTP, and left their connection open
+        assert (client.http.idle if client.http is not None else 0) == (1 if shm == "system" and http else 0)
     finally:
         await client.close()
 
 
 async def test_a_failed_call_is_an_unavailable_model_an_unreachable_triton_or_a_contract_mismatch(server: TritonServer) -> None:
-    client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm="none"))
+    client = TritonClient(GatewaySettings(triton_url=server.grpc_url, triton_http_url=server.http_address, shm="none"))
     nobody = TritonClient(GatewaySettings(triton_url=f"127.0.0.1:{free_port()}", shm="none"))
     output = Output("embeddings", EMBED_DIM, "e")
     try:
@@ -109,3 +114,46 @@ async def test_a_failed_call_is_an_unavailable_model_an_unreachable_triton_or_a_
         await client.close()
         await nobody.close()
 
+
+
+async def test_over_http_a_failed_call_is_translated_as_over_grpc(server: TritonServer) -> None:
+    """Every tensor in shm (the HTTP path): Triton's HTTP errors become the same gateway errors as its gRPC ones."""
+    client = TritonClient(GatewaySettings(triton_url=server.grpc_url, triton_http_url=server.http_address,
+                                          shm="system", shm_prefix="gwhttperr"))
+    output = Output("embeddings", EMBED_DIM, "e")
+    sizes = {"text": 1024, "embeddings": 4 * (EMBED_DIM + 1), "num_tokens": 32}
+    try:
+        for model in ("nosuchmodel", "fakeemb_onnx"):
+            await client.ensure_pool(model, sizes, 1)
+        with pytest.raises(GatewayError) as unknown:
+            await client.infer_ensemble("nosuchmodel", [b"a"], output, time.monotonic() + 30)
+        assert unknown.value.type is ErrorType.MODEL_UNAVAILABLE and "nosuchmodel" in unknown.value.message
+        with pytest.raises(GatewayError) as narrower:  # the answer's width is not the one asked for
+            await client.infer_ensemble("fakeemb_onnx", [b"a"], Output("embeddings", EMBED_DIM + 1, "e"),
+                                        time.monotonic() + 30)
+        assert narrower.value.type is ErrorType.CONTRACT_MISMATCH
+        with pytest.raises(GatewayError) as refused:  # Triton refuses an input of the wrong type
+            await client.infer_step("fakeemb_onnx", {"text": np.zeros((1, 1), np.int32)}, (1, EMBED_DIM), output,
+                                    time.monotonic() + 30)
+        assert refused.value.type is ErrorType.TRITON_ERROR and "text" in refused.value.message
+        vectors, _ = await client.infer_ensemble("fakeemb_onnx", [b"a b"], output, time.monotonic() + 30)
+        np.testing.assert_array_equal(vectors[0], fake_vector("a b", EMBED_DIM))  # the connection still serves
+        assert client.http is not None and client.http.idle == 1
+    finally:
+        await client.close()
+
+
+async def test_an_http_endpoint_that_refuses_connections_leaves_the_calls_on_grpc(
+        server: TritonServer, caplog: pytest.LogCaptureFixture) -> None:
+    client = TritonClient(GatewaySettings(triton_url=server.grpc_url, triton_http_url=f"127.0.0.1:{free_port()}",
+                                          shm="system", shm_prefix="gwhttpoff"))
+    output = Output("embeddings", EMBED_DIM, "e")
+    try:
+        await client.ensure_pool("fakeemb_onnx", {"text": 1024, "embeddings": 4 * EMBED_DIM, "num_tokens": 32}, 1)
+        for text in ("a", "b c"):  # the second call goes straight to gRPC: one warning
+            vectors, _ = await client.infer_ensemble("fakeemb_onnx", [text.encode()], output, time.monotonic() + 30)
+            np.testing.assert_array_equal(vectors[0], fake_vector(text, EMBED_DIM))
+        warnings = [r.getMessage() for r in caplog.records if "HTTP endpoint" in r.getMessage()]
+        assert len(warnings) == 1 and "over gRPC" in warnings[0], warnings
+    finally:
+        await client.close()

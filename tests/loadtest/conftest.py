@@ -26,5 +26,5 @@ def lt_stack(fake_triton: TritonServer, fake_repository: Path, tmp_path_factory:
     """`python -m gateway` (1 worker, system shm) on the fake repository's shared tritonserver."""
     log = tmp_path_factory.mktemp("lt_logs") / "gateway.log"
     settings = {"workers": "1", "shm": "system", "repository": str(fake_repository), "shm_prefix": "gwloadtest"}
-    with GatewayProcess(fake_triton.grpc_url, settings=settings, log_path=log) as gateway:
+    with GatewayProcess(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, settings=settings, log_path=log) as gateway:
         yield Stack(fake_triton, gateway)

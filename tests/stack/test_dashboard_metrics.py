@@ -118,7 +118,7 @@ def scraped(triton_server: TritonServer, python_repository: Path,
     root = tmp_path_factory.mktemp("dashboard")
     triton_metrics = triton_server.metrics_url.removeprefix("http://").removesuffix("/metrics")
     # the scheduler pipeline (the gateway reads the repository's tokenizers): the batching panels
-    gateway = GatewayProcess(triton_server.grpc_url, settings={"repository": str(python_repository),
+    gateway = GatewayProcess(triton_server.grpc_url, triton_http_url=triton_server.http_address, settings={"repository": str(python_repository),
                                                                "shm_prefix": "gwdash"}, log_path=root / "gateway.log")
     # a replica whose Triton is gone: its requests answer 503 (the 5xx panels)
     lost = GatewayProcess(f"127.0.0.1:{free_port()}", settings={"startup_timeout_s": "1", "shm_prefix": "gwdashlost"},
