@@ -169,8 +169,8 @@ class TritonHttpInfer:
 
     @property
     def idle(self) -> int:
-        """Connections kept open for the next calls."""
-        return len(self._idle)
+        """Connections kept for the next calls and still open."""
+        return sum(connection.open for connection in self._idle)
 
     def close(self) -> None:
         """Close the idle connections (calls in flight close theirs when they end)."""
