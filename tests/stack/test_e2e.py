@@ -275,6 +275,10 @@ def test_compose_stack_end_to_end(stack: Stack) -> None:
     metrics = urllib.request.urlopen(stack.url("GATEWAY_PUBLISHED_PORT", "/metrics"), timeout=10).read().decode()
     shm_calls = [l for l in metrics.splitlines() if l.startswith("gateway_triton_request_duration_seconds_count") and 'transport="shm"' in l]
     assert shm_calls and all(float(l.rsplit(" ", 1)[1]) > 0 for l in shm_calls), metrics
+    # ... through Triton's HTTP endpoint (GATEWAY_TRITON_HTTP_URL=triton:8000): no worker found it refusing and
+    # fell back to gRPC (gateway/triton/client.py logs each time it does)
+    gateway_log = stack.compose("logs", "--no-color", "gateway").stdout
+    assert "HTTP endpoint" not in gateway_log, gateway_log[-3000:]
 
     def both_targets_up() -> bool:
         status, body = http_json(stack.url("PROMETHEUS_PORT", "/api/v1/targets"), timeout=5)
