@@ -486,7 +486,9 @@ class TritonClient:
                 log.warning("%s; inference goes over gRPC for %.0f s", exc.message(), HTTP_RETRY_S)
             else:
                 TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
-                return [_output(shapes.get(want.name), model, want, transport, None) for want in outputs]
+                for want in outputs:
+                    _check_shape(shapes.get(want.name), model, want)
+                return [transport.read(want.name, want.dtype, want.shape) for want in outputs]
         infer_inputs = []
         for tensor in inputs:
             infer_input = grpcclient.InferInput(tensor.name, tensor.shape, tensor.datatype)
@@ -504,7 +506,7 @@ class TritonClient:
             result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
                                            timeout=timeout_us, parameters=parameters, headers=headers)
         TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
-        return [_output(_grpc_shape(result, want.name), model, want, transport, result) for want in outputs]
+        return [_output(result, model, want, transport) for want in outputs]
 
     def _http_usable(self) -> bool:
         """An HTTP endpoint is set, and has not refused a connection in the last HTTP_RETRY_S."""
@@ -561,27 +563,22 @@ class TritonClient:
             await asyncio.sleep(CLOSE_DRAIN_S)
 
 
-def _grpc_shape(result: grpcclient.InferResult, name: str) -> list[int] | None:
-    meta = result.get_output(name)
-    return list(meta.shape) if meta is not None else None
-
-
-def _output(shape: list[int] | None, model: str, want: Wanted, region: Region | None,
-            result: grpcclient.InferResult | None) -> np.ndarray:
-    """Output `want` of a call whose answer gave it `shape`, from the answer (`result`, a gRPC answer without a
-    region) or the region it was written into, or a contract-mismatch error when Triton's shape disagrees: in
-    shared memory the bytes alone cannot tell a narrower output from a right one. Shapes agree when they do
-    but for sizes of 1 (Triton's [n, 1] is a [n] column)."""
-    array = None
-    if region is None:
-        assert result is not None
-        array = result.as_numpy(want.name)
-        shape = list(array.shape) if array is not None else None
+def _check_shape(shape: list[int] | None, model: str, want: Wanted) -> None:
+    """A contract-mismatch error when Triton's answer gave output `want` no shape or another one: in shared memory
+    the bytes alone cannot tell a narrower output from a right one. Shapes agree when they do but for sizes of 1
+    (Triton's [n, 1] is a [n] column)."""
     if shape is None:
         raise _contract_mismatch(model, f"no output {want.name!r}")
     if [d for d in shape if d != 1] != [d for d in want.shape if d != 1]:
         raise _contract_mismatch(model, f"output {want.name!r} has shape {shape}, expected {list(want.shape)}")
-    if array is not None:
-        return array.reshape(want.shape)
-    assert region is not None
+
+
+def _output(result: grpcclient.InferResult, model: str, want: Wanted, region: Region | None) -> np.ndarray:
+    """Output `want` of a gRPC call, from the answer or the region it was written into, its shape checked."""
+    if region is None:
+        array = result.as_numpy(want.name)
+        _check_shape(list(array.shape) if array is not None else None, model, want)
+        return array.reshape(want.shape)  # type: ignore[union-attr]
+    meta = result.get_output(want.name)
+    _check_shape(list(meta.shape) if meta is not None else None, model, want)
     return region.read(want.name, want.dtype, want.shape)
