@@ -127,7 +127,11 @@ class TritonHttpInfer:
         except TimeoutError:
             raise _error("DEADLINE_EXCEEDED", f"Triton's HTTP endpoint did not answer within {timeout_s:.3f} s") from None
         if status == 200:
-            return dict(orjson.loads(answer))
+            try:
+                return dict(orjson.loads(answer))
+            except (orjson.JSONDecodeError, TypeError, ValueError):
+                raise _error("INTERNAL", f"Triton's HTTP endpoint answered 200 with no JSON object: {answer[:200]!r}"
+                             ) from None
         try:
             message_text = str(orjson.loads(answer).get("error", ""))
         except (orjson.JSONDecodeError, AttributeError):

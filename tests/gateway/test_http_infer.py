@@ -21,8 +21,9 @@ ANSWER = b'{"model_name":"m","outputs":[{"name":"o","datatype":"FP32","shape":[1
 
 
 @asynccontextmanager
-async def server(after_answer: str = "keep", before_answer: str = "") -> AsyncIterator[tuple[str, list[int]]]:
-    """A server answering every POST with ANSWER; `after_answer`: keep the connection, or `close` it (without
+async def server(after_answer: str = "keep", before_answer: str = "", answer: bytes = ANSWER
+                 ) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server answering every POST with `answer`; `after_answer`: keep the connection, or `close` it (without
     saying so, as an idle keep-alive timeout does); `before_answer`: `drop` the connection after half the answer,
     or `hang`. Yields its host:port and the requests each connection served."""
     served: list[int] = []
@@ -37,7 +38,7 @@ async def server(after_answer: str = "keep", before_answer: str = "") -> AsyncIt
                                   if line.lower().startswith(b"content-length")))
                 json.loads(await reader.readexactly(length))
                 served[conn] += 1
-                message = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(ANSWER) + ANSWER
+                message = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(answer) + answer
                 if before_answer == "drop":
                     writer.write(message[: len(message) // 2])
                     await writer.drain()
@@ -103,3 +104,11 @@ async def test_a_refused_connection_is_unreachable() -> None:
         pass  # closed: nothing listens there any more
     with pytest.raises(HttpUnreachable):
         await TritonHttpInfer(url).infer("m", {"inputs": []}, 5)
+
+
+async def test_a_200_without_a_json_object_is_an_internal_error() -> None:
+    for answer in (b"<html>proxy</html>", b"[1, 2]"):
+        async with server(answer=answer) as (url, _):
+            with pytest.raises(InferenceServerException) as odd:
+                await TritonHttpInfer(url).infer("m", {"inputs": []}, 5)
+            assert "INTERNAL" in str(odd.value.status()) and "no JSON object" in str(odd.value.message())
