@@ -6,7 +6,8 @@ Builds loadtest/models.py's `small` BERT embedder (--runtime python, CPU) with i
 (loadtest/echo_step, as `ab-gateway --echo-step`), starts one tritonserver and one gateway worker (shipped settings,
 scheduler pipeline, system shm, Triton's HTTP endpoint), warms it with 300 requests, then py-spies the worker
 (`loadtest.pyspy.profile`, Python frames, not blocking) while one client sends single-text `/embed` requests back to
-back. Prints the requests' p50 and the profile summary; `--out` keeps both and the raw stacks (worker.raw; `python -m loadtest.pyspy worker.raw.gz` once gzipped).
+back. Prints the requests' p50 and the profile summary; `--out` keeps both and the raw stacks (worker.raw, read
+with `python -m loadtest.pyspy worker.raw`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m loadtest.experiments.lone_text_profile",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="how long py-spy samples the worker")
-    parser.add_argument("--out", type=Path, help="directory for summary.md and the raw stacks (worker.raw; `python -m loadtest.pyspy worker.raw.gz` once gzipped).)
+    parser.add_argument("--out", type=Path, help="directory for summary.md and the raw stacks")
     args = parser.parse_args(argv)
     texts = make_corpus(CorpusSpec(size=256))
     with tempfile.TemporaryDirectory() as tmp:
