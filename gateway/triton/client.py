@@ -224,7 +224,7 @@ class TritonClient:
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
         self.http = TritonHttpInfer(settings.triton_http_url) if settings.triton_http_url != "none" else None
         self._http_refused_at: float | None = None  # when the HTTP endpoint last refused a connection
-        self._calls = _CallLedger()  # every call to Triton is counted in it (close() reads it)
+        self._calls = _CallLedger()  # every gRPC call is counted in it (close() reads it; HTTP reports nothing late)
         self.pools: dict[str, ShmPool] = {}
         self.epoch = 0  # registrations made by this worker; +1 each time they are made again
         self._register_lock = asyncio.Lock()
@@ -524,14 +524,11 @@ class TritonClient:
         request = {
             "parameters": {TIMEOUT_PARAMETER: timeout_us, **(parameters or {})},
             "inputs": [{"name": t.name, "shape": t.shape, "datatype": t.datatype,
-                        "parameters": {"shared_memory_region": region.name, "shared_memory_byte_size": placed[t.name][0],
-                                       "shared_memory_offset": placed[t.name][1]}} for t in inputs],
-            "outputs": [{"name": o.name, "parameters": {"shared_memory_region": region.name,
-                                                        "shared_memory_byte_size": o.nbytes,
-                                                        "shared_memory_offset": region.layout.offset(o.name)}}
+                        "parameters": _in_region(region, *placed[t.name])} for t in inputs],
+            "outputs": [{"name": o.name, "parameters": _in_region(region, o.nbytes, region.layout.offset(o.name))}
                         for o in outputs],
         }
-        with self._calls, tracing.triton_call(model, outputs[0].shape[0], "shm", "http") as headers:
+        with tracing.triton_call(model, outputs[0].shape[0], "shm", "http") as headers:
             answer = await self.http.infer(model, request, timeout_s, headers)
         try:
             return {str(o["name"]): [int(d) for d in o["shape"]] for o in answer.get("outputs", ())}
@@ -561,6 +558,11 @@ class TritonClient:
         # well leave nothing to report.
         if late:
             await asyncio.sleep(CLOSE_DRAIN_S)
+
+
+def _in_region(region: Region, size: int, offset: int) -> dict[str, str | int]:
+    """A tensor's place in `region`, as Triton's HTTP request names it (its shared-memory extension)."""
+    return {"shared_memory_region": region.name, "shared_memory_byte_size": size, "shared_memory_offset": offset}
 
 
 def _check_shape(shape: list[int] | None, model: str, want: Wanted) -> None:

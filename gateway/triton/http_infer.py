@@ -125,7 +125,8 @@ class TritonHttpInfer:
             async with asyncio.timeout(timeout_s):
                 status, answer = await self._exchange(message)
         except TimeoutError:
-            raise _error("DEADLINE_EXCEEDED", f"Triton's HTTP endpoint did not answer within {timeout_s:.3f} s") from None
+            raise _error("DEADLINE_EXCEEDED", f"Triton's HTTP endpoint gave no answer within {timeout_s:.3f} s"
+                         ) from None
         if status == 200:
             try:
                 return dict(orjson.loads(answer))
