@@ -64,39 +64,60 @@ def _tensor(request, name):
 class OneRowGraphs:
     """CUDA graphs of one-row runs of 1..max_tokens tokens, one per token count, on an onnxruntime session made
     with the CUDA provider's `enable_cuda_graph`: each count's inputs and per-row output live in device buffers
-    bound once (IO binding), refilled in place for each call; the session captures a count's run on its third
-    call with that `gpu_graph_id` and replays it after. Captured at load, on the thread that serves execute()
-    (onnxruntime keeps a graph in the thread that captured it)."""
+    bound once (IO binding); the session captures a count's run on its third call with that `gpu_graph_id` and
+    replays it after. Captured at load, on the thread that serves execute() (onnxruntime keeps a graph in the
+    thread that captured it).
 
-    def __init__(self, session, output, max_tokens, device=0):
-        self.session, self.output, self.max_tokens, self.device = session, output, max_tokens, device
-        self.bound = {}  # tokens -> (input buffers, output buffer, binding, run options)
+    A call copies to the device only the inputs that differ from what the buffers hold: the index tensors of a
+    one-row run (cu_seqlens, token_offset, position_ids, ...) depend on its token count alone, so they are bound
+    at capture and never copied again, and the token types of a single text (all 0) rarely change. Each copy is
+    a synchronous host-to-device cudaMemcpy; a lone text made seven of them, now one."""
+
+    VARYING = (INPUT_IDS, TOKEN_TYPE_IDS)  # a one-row run's inputs that are not a function of its token count
+
+    def __init__(self, session, output, max_tokens, device=0, device_type="cuda"):
+        self.session, self.output, self.max_tokens = session, output, max_tokens
+        self.device, self.device_type = device, device_type
+        self.bound = {}  # tokens -> (input buffers, the bytes each holds, output buffer, binding, run options)
 
     def covers(self, run, names):
         return run.rows == 1 and run.tokens <= self.max_tokens and names == [self.output]
 
     def capture(self, feed, tokens, sample):
-        """Bind a `tokens`-token row's buffers (the output like `sample`, a regular run's) and capture its graph."""
+        """Bind a `tokens`-token row's buffers (every input of `feed`; the output like `sample`, a regular run's)
+        and capture its graph."""
         import onnxruntime as ort
 
-        values = {name: ort.OrtValue.ortvalue_from_numpy(value, "cuda", self.device) for name, value in feed.items()}
-        output = ort.OrtValue.ortvalue_from_shape_and_type([1, *sample.shape[1:]], sample.dtype, "cuda", self.device)
+        # a copy each: on the CPU an OrtValue wraps the array it is made from, and two inputs may share one
+        values = {name: ort.OrtValue.ortvalue_from_numpy(value.copy(), self.device_type, self.device)
+                  for name, value in feed.items()}
+        held = {name: value.tobytes() for name, value in feed.items()}
+        output = ort.OrtValue.ortvalue_from_shape_and_type([1, *sample.shape[1:]], sample.dtype, self.device_type,
+                                                           self.device)
         binding = self.session.io_binding()
         for name, value in values.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_output(self.output, output)
         options = ort.RunOptions()
         options.add_run_config_entry("gpu_graph_id", str(tokens))  # an id > 0 per shape; 0 is onnxruntime's own
-        self.bound[tokens] = (values, output, binding, options)
+        self.bound[tokens] = (values, held, output, binding, options)
         for _ in range(3):  # two ordinary runs (the arena grows), then the capture
             self(feed, tokens)
 
+    def feed(self, run, inputs):
+        """What a call needs of `run` (one row): its token ids and types; the rest was bound at capture."""
+        return {name: value for name, value in run.feed(self.VARYING).items() if name in inputs}
+
     def __call__(self, feed, tokens):
-        values, output, binding, options = self.bound[tokens]
+        """The per-row output of the captured `tokens`-token run on `feed` (some or all of its inputs)."""
+        values, held, output, binding, options = self.bound[tokens]
         for name, value in feed.items():
-            values[name].update_inplace(value)
+            data = value.tobytes()
+            if data != held[name]:
+                values[name].update_inplace(value)
+                held[name] = data
         self.session.run_with_iobinding(binding, options)
-        return output.numpy()
+        return output.numpy().copy()  # on the CPU, numpy() is a view of the buffer the next call overwrites
 
     def warm_up(self, inputs, sample, max_row):
         """Capture every token count up to max_tokens (and max_row) on one row of token 0."""
@@ -162,8 +183,10 @@ class PackedSteps:
             if self.fill and not graphed:
                 run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
-                feed = run.feed(self.inputs)
-                outs = [self.graphs(feed, run.tokens)] if graphed else self.session.run(names, feed)
+                if graphed:
+                    outs = [self.graphs(self.graphs.feed(run, self.inputs), run.tokens)]
+                else:
+                    outs = self.session.run(names, run.feed(self.inputs))
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 for part in set(owner_of_row[start:stop].tolist()):

@@ -10,6 +10,7 @@ are `slow`, run them before a device session with `scripts/test -m slow tests/lo
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,32 @@ def test_cuda_graph_probe_times_each_run_and_mode(tmp_path: Path) -> None:
                                 "run 1x2 16 texts (single texts c=256)"]
     assert [len(c["per_process"]) for c in concurrent.values()] == [2, 1, 2, 1]
     assert all(c["runs_per_s"] > 0 and c["min_cosine"] > 0.99999 for c in concurrent.values())
+
+
+@pytest.mark.slow  # a GPU experiment's CPU smoke run (~3 s): `scripts/test -m slow`
+@pytest.mark.timeout(300)
+def test_lone_step_times_each_mode_with_the_runners_code(tmp_path: Path) -> None:
+    """loadtest.experiments.lone_step on the CPU: the runner's OneRowGraphs, imported from beside the model as the
+    stub imports it, answers as session.run does; every mode is timed back to back and with the idle gap."""
+    from tests.loadtest.test_ort_probe import packed_graph
+
+    step = tmp_path / "step"
+    step.mkdir()
+    model = packed_graph(step / "model.onnx")
+    shutil.copy(REPO_ROOT / "builder" / "triton_models" / "packed_runner.py", step / "packed_runner.py")
+    shutil.copy(REPO_ROOT / "contract" / "packing.py", step / "packing.py")
+    proc = subprocess.run([sys.executable, "-m", "loadtest.experiments.lone_step", "--model", str(model), "--cpu",
+                           "--repeats", "5", "--warmup", "1", "--gap-ms", "0.5", "--vocab", "300", "--name", "t",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "t-lone-step" / "results.json").read_text())["result"]
+    assert result["graph_min_cosine"] > 0.99999
+    assert list(result["modes"]) == ["back to back", "0.5 ms idle before each call"]
+    for modes in result["modes"].values():
+        assert list(modes) == ["session.run", "graph, every input copied", "graph, as the runner feeds it",
+                               "replay alone"]
+        assert all(0 < m["median_ms"] <= m["p90_ms"] for m in modes.values())
 
 
 @pytest.mark.slow  # an experiment's smoke run (~5 s, most of it making the tokenizer): `scripts/test -m slow`
