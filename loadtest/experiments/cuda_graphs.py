@@ -63,6 +63,14 @@ def step_vocab(model: Path) -> int | None:
     return int(value) if value else None
 
 
+def add_model_arguments(parser: argparse.ArgumentParser, model_help: str = "a packed model.onnx instead of --repository"
+                        ) -> None:
+    """--repository, --model and --vocab: the packed step an experiment times (read back with model_and_vocab)."""
+    parser.add_argument("--repository", type=Path, help="a built repository: its packed *_onnx step")
+    parser.add_argument("--model", type=Path, help=model_help)
+    parser.add_argument("--vocab", type=int, help="ids stay below it (default: the step config's vocab_size)")
+
+
 def model_and_vocab(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Path, int]:
     """The packed model.onnx (--model, or the repository's *_onnx step) and the ids' bound (--vocab, or the step
     config's vocab_size); a parser error when neither gives one."""
@@ -289,9 +297,7 @@ def parse_layouts(text: str) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.experiments.cuda_graphs", description=__doc__.splitlines()[0])
-    p.add_argument("--repository", type=Path, help="a built repository: its packed *_onnx step")
-    p.add_argument("--model", type=Path, help="a packed model.onnx instead of --repository")
-    p.add_argument("--vocab", type=int, help="ids stay below it (default: the step config's vocab_size)")
+    add_model_arguments(p)
     p.add_argument("--max-tokens", type=int, default=16384, help="the step's max_batch_tokens")
     p.add_argument("--max-row", type=int, default=512, help="the step's max_seq_len (filler rows' length)")
     p.add_argument("--repeats", type=int, default=200)

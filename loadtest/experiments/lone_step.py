@@ -34,6 +34,7 @@ from loadtest.experiments.cuda_graphs import (
     CUDA_OPTIONS,
     SESSION_OPTIONS,
     SHORT_TOKENS,
+    add_model_arguments,
     model_and_vocab,
 )
 from loadtest.ort_probe import (
@@ -119,9 +120,7 @@ def probe(spec: Spec) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.experiments.lone_step", description=__doc__.splitlines()[0])
-    p.add_argument("--repository", type=Path, help="a built repository: its packed *_onnx step")
-    p.add_argument("--model", type=Path, help="a packed step's model.onnx (beside its packed_runner.py) instead")
-    p.add_argument("--vocab", type=int, help="ids stay below it (default: the step config's vocab_size)")
+    add_model_arguments(p, "a packed step's model.onnx (beside its packed_runner.py) instead of --repository")
     p.add_argument("--repeats", type=int, default=400)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--gap-ms", type=float, default=2.0, help="idle before each call in the second series")

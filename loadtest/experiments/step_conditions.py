@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.experiments.cuda_graphs import CUDA_OPTIONS, SESSION_OPTIONS, model_and_vocab, packed_run, run_lengths
+from loadtest.experiments.cuda_graphs import (
+    CUDA_OPTIONS,
+    SESSION_OPTIONS,
+    add_model_arguments,
+    model_and_vocab,
+    packed_run,
+    run_lengths,
+)
 from loadtest.ort_probe import CUDA, Spec, in_child, open_session, placement, profile_events, providers, step_python
 
 CONDITIONS = {
@@ -78,9 +85,7 @@ def conditions(spec: Spec) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.experiments.step_conditions",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--repository", type=Path)
-    p.add_argument("--model", type=Path, help="a packed model.onnx instead of --repository")
-    p.add_argument("--vocab", type=int, help="ids stay below it (default: the step config's vocab_size)")
+    add_model_arguments(p)
     p.add_argument("--repeats", type=int, default=300)
     p.add_argument("--gap-ms", type=float, default=3.0)
     p.add_argument("--python", default=None)
