@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
@@ -106,7 +107,7 @@ class Wanted:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize  # math.prod: 0.2 us against np.prod's 3.6
 
 
 _MAX_MESSAGE = 2**31 - 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
@@ -153,7 +154,7 @@ class SystemRegion(Region):
         return len(raw)
 
     def read(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-        count = int(np.prod(shape))
+        count = int(math.prod(shape))
         offset = self._slot(name, count * np.dtype(dtype).itemsize)
         return np.frombuffer(self.buffer, dtype, count, offset).reshape(shape).copy()
 
