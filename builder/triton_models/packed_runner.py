@@ -104,9 +104,10 @@ class OneRowGraphs:
         for _ in range(3):  # two ordinary runs (the arena grows), then the capture
             self(feed, tokens)
 
-    def feed(self, run, inputs):
-        """What a call needs of `run` (one row): its token ids and types; the rest was bound at capture."""
-        return {name: value for name, value in run.feed(self.VARYING).items() if name in inputs}
+    def feed(self, input_ids, token_type_ids, inputs):
+        """What a call needs of a row (its token ids and types [T]) of the graph's `inputs`; the rest was bound at
+        capture."""
+        return {name: value for name, value in zip(self.VARYING, (input_ids, token_type_ids)) if name in inputs}
 
     def __call__(self, feed, tokens):
         """The per-row output of the captured `tokens`-token run on `feed` (some or all of its inputs)."""
@@ -131,11 +132,14 @@ class PackedSteps:
     """execute(requests) -> responses for a packed graph run by one onnxruntime session. `outputs`: the graph's
     per-row output (pooled embeddings, logits) first, then its per-token outputs ([T, ...] in the graph)."""
 
+    _LONE_INPUTS = frozenset((CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS))  # what a packed request carries
+
     def __init__(self, session, outputs, max_tokens, max_seq_len=None, vocab_sizes=(None, None), fill=False,
-                 graph_session=None, device=0):
+                 graph_session=None, device=0, device_type="cuda"):
         self.session, self.outputs = session, list(outputs)
         # a second session of the graph with CUDA graphs on (GPU only): lone short texts replay a captured graph
-        self.graphs = OneRowGraphs(graph_session, self.outputs[0], GRAPH_MAX_TOKENS, device) if graph_session else None
+        self.graphs = (OneRowGraphs(graph_session, self.outputs[0], GRAPH_MAX_TOKENS, device, device_type)
+                       if graph_session else None)
         # on the GPU each run is filled up to one of a few token counts (packing.py, filled_tokens): cuBLAS then
         # meets each GEMM shape again instead of choosing an algorithm for a new one on nearly every call
         self.fill = fill
@@ -162,6 +166,10 @@ class PackedSteps:
         return names or self.outputs[:1]
 
     def __call__(self, requests):
+        if len(requests) == 1 and self.graphs is not None:
+            response = self._lone_row(requests[0])
+            if response is not None:
+                return [response]
         responses = [None] * len(requests)
         parts = []  # (request index, rows, padded width or None, outputs it asked for)
         for index, request in enumerate(requests):
@@ -184,7 +192,8 @@ class PackedSteps:
                 run = run.filled(filled_tokens(run.tokens, self.max_tokens), self._longest_filler())
             try:
                 if graphed:
-                    outs = [self.graphs(self.graphs.feed(run, self.inputs), run.tokens)]
+                    feed = self.graphs.feed(run.input_ids, run.token_type_ids, self.inputs)
+                    outs = [self.graphs(feed, run.tokens)]
                 else:
                     outs = self.session.run(names, run.feed(self.inputs))
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
@@ -208,6 +217,34 @@ class PackedSteps:
                 responses[index] = pb_utils.InferenceResponse(tensors)
             row += rows.rows
         return responses
+
+    def _lone_row(self, request):
+        """The response to an execute() of one packed request of one row that a CUDA graph covers (a lone short
+        text at low load), without merging, cutting runs or splitting outputs: the runner's Python for it fell from
+        ~48 to ~14 us on the dev VM (loadtest.experiments.runner_cost). None for any other request, and for one to
+        refuse: the general path answers those, with the reason."""
+        tensors = {tensor.name(): tensor for tensor in request.inputs()}  # one pass, not one per name
+        if not self._LONE_INPUTS.issubset(tensors) or ATTENTION_MASK in tensors:
+            return None
+        cu, ids, types = (tensors[name].as_numpy() for name in (CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS))
+        if cu.shape != (1, 2) or int(cu[0, 0]) != 0:
+            return None
+        tokens = int(cu[0, 1])
+        if (ids.shape != (1, tokens) or types.shape != ids.shape
+                or not 1 <= tokens <= min(self.graphs.max_tokens, self.max_seq_len or tokens)
+                or self._requested(request) != self.outputs[:1]):
+            return None
+        ids, types = ids[0].astype(np.int32, copy=False), types[0].astype(np.int32, copy=False)
+        try:
+            check_ids(PackedRows(ids, types, cu[0]), *self.vocab_sizes)
+        except PackingError:
+            return None
+        try:
+            out = self.graphs(self.graphs.feed(ids, types, self.inputs), tokens)
+        except Exception as exc:  # noqa: BLE001 - as the general path answers it
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return _error_response(f"onnxruntime failed on the rows of this request: {reason}", "INTERNAL")
+        return pb_utils.InferenceResponse([pb_utils.Tensor(self.outputs[0], out.astype(np.float32, copy=False))])
 
     def _output(self, name, values, batch, row, rows, width):
         """A request's part of a merged output: its rows of the per-row output; of a per-token one its tokens,

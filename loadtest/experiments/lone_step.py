@@ -95,7 +95,7 @@ def probe(spec: Spec) -> dict[str, Any]:
     calls = {
         MODES[0]: lambda row: session.run([output], row.feed(inputs))[0],
         MODES[1]: every_input_copied,
-        MODES[2]: lambda row: graphs(graphs.feed(row, inputs), SHORT_TOKENS),
+        MODES[2]: lambda row: graphs(graphs.feed(row.input_ids, row.token_type_ids, inputs), SHORT_TOKENS),
         MODES[3]: lambda row: graphed.run_with_iobinding(binding, options),
     }
     wants = [session.run([output], row.feed(inputs))[0] for row in rows]

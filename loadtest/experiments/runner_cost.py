@@ -1,6 +1,6 @@
 """The packed step's python runner on its own: µs of its Python per execute(), without onnxruntime's work.
 
-    .venv/bin/python -m loadtest.experiments.runner_cost [--calls 2000] [--max-seq-len 512]
+    .venv/bin/python -m loadtest.experiments.runner_cost [--calls 2000] [--max-seq-len 512] [--runner FILE]
 
 Loads builder/triton_models/packed_runner.py as the python backend's stub does (`packing` is the repository's copy
 of contract/packing.py). The stub's `triton_python_backend_utils` is replaced by the few plain classes the runner
@@ -48,9 +48,25 @@ class _Response:
         self.output_tensors, self.error = output_tensors, error
 
 
+class _InputTensor:
+    """An input as the stub hands it over: name() and as_numpy() are methods."""
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self._name, self.array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self.array
+
+
 class _Request:
     def __init__(self, tensors: dict[str, np.ndarray]) -> None:
-        self.tensors = tensors
+        self.tensors = [_InputTensor(name, array) for name, array in tensors.items()]
+
+    def inputs(self) -> list[_InputTensor]:
+        return self.tensors
 
     def requested_output_names(self) -> list[str]:
         return []
@@ -71,16 +87,16 @@ class _ZeroSession:
         return [np.zeros((len(feed[packing.CU_SEQLENS]) - 1, HIDDEN), np.float32)]
 
 
-def load_runner() -> ModuleType:
-    """packed_runner.py with `packing` and a stand-in `triton_python_backend_utils` in sys.modules."""
+def load_runner(path: Path = RUNNER) -> ModuleType:
+    """packed_runner.py (`path`) with `packing` and a stand-in `triton_python_backend_utils` in sys.modules."""
     utils = ModuleType("triton_python_backend_utils")
     utils.Tensor = _Tensor  # type: ignore[attr-defined]
     utils.InferenceResponse = _Response  # type: ignore[attr-defined]
-    utils.get_input_tensor_by_name = (  # type: ignore[attr-defined]
-        lambda request, name: _Tensor(name, request.tensors[name]) if name in request.tensors else None)
+    utils.get_input_tensor_by_name = (  # type: ignore[attr-defined]  # as the stub's module finds it
+        lambda request, name: next((t for t in request.inputs() if t.name() == name), None))
     sys.modules["packing"] = packing
     sys.modules["triton_python_backend_utils"] = utils
-    spec = importlib.util.spec_from_file_location("packed_runner_cost", RUNNER)
+    spec = importlib.util.spec_from_file_location("packed_runner_cost", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -102,29 +118,45 @@ def corpus_rows(count: int, max_seq_len: int) -> tuple[list[np.ndarray], int]:
     return [np.asarray(e.ids, np.int32) for e in tokenizer.encode_batch(texts)], tokenizer.get_vocab_size()
 
 
-def measure(calls: int, max_seq_len: int) -> list[tuple[int, int, float, int]]:
-    """(requests, rows each, µs per execute median of 5 rounds, tokens per execute) for each of SHAPES."""
-    runner = load_runner()
+def _request(rows: list[np.ndarray]) -> _Request:
+    part = packing.from_rows(rows)
+    return _Request({packing.INPUT_IDS: part.input_ids[None], packing.TOKEN_TYPE_IDS: part.token_type_ids[None],
+                     packing.CU_SEQLENS: part.cu_seqlens[None]})
+
+
+def _time(steps: Any, calls_in: list[_Request], calls: int) -> float:
+    """µs per steps(calls_in), median of 5 rounds of `calls`."""
+    for _ in range(50):
+        steps(calls_in)
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            steps(calls_in)
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def measure(calls: int, max_seq_len: int, path: Path = RUNNER) -> list[tuple[str, int, float]]:
+    """(requests x rows each, tokens per execute, µs per execute median of 5 rounds) for each of SHAPES, then for a
+    lone short text that a one-row CUDA graph covers (the graph's call answers zeros: its own cost is lone_step's)."""
+    runner = load_runner(path)
     rows, vocab = corpus_rows(400, max_seq_len)
     steps: Any = runner.PackedSteps(_ZeroSession(), ["embeddings"], 16384, max_seq_len, (vocab, 2), fill=True)
     out = []
     for requests, per_request in SHAPES:
         batch = [rows[(k * per_request + i) % len(rows)] for k in range(requests) for i in range(per_request)]
-        calls_in = []
-        for k in range(requests):
-            part = packing.from_rows(batch[k * per_request:(k + 1) * per_request])
-            calls_in.append(_Request({packing.INPUT_IDS: part.input_ids[None],
-                                      packing.TOKEN_TYPE_IDS: part.token_type_ids[None],
-                                      packing.CU_SEQLENS: part.cu_seqlens[None]}))
-        for _ in range(50):
-            steps(calls_in)
-        rounds = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(calls):
-                steps(calls_in)
-            rounds.append((time.perf_counter() - start) / calls * 1e6)
-        out.append((requests, per_request, statistics.median(rounds), sum(len(r) for r in batch)))
+        calls_in = [_request(batch[k * per_request:(k + 1) * per_request]) for k in range(requests)]
+        out.append((f"{requests} x {per_request}", sum(len(r) for r in batch), _time(steps, calls_in, calls)))
+
+    class ZeroGraphs(runner.OneRowGraphs):  # type: ignore[name-defined,misc]
+        def __call__(self, feed: dict[str, np.ndarray], tokens: int) -> np.ndarray:
+            return np.zeros((1, HIDDEN), np.float32)
+
+    steps.graphs = ZeroGraphs(None, "embeddings", runner.GRAPH_MAX_TOKENS)
+    short = next(r for r in rows if len(r) <= 16)
+    out.append((f"1 x 1, a lone text of {len(short)} tokens, graphed", len(short), _time(steps, [_request([short])],
+                                                                                       calls)))
     return out
 
 
@@ -133,10 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="execute() calls per round")
     parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--runner", type=Path, default=RUNNER, help="the packed_runner.py to time (e.g. an older one "
+                        "from `git show REV:builder/triton_models/packed_runner.py`)")
     args = parser.parse_args(argv)
     print("| requests x rows | tokens | µs per execute() |\n| --- | ---: | ---: |")
-    for requests, per_request, micros, tokens in measure(args.calls, args.max_seq_len):
-        print(f"| {requests} x {per_request} | {tokens} | {micros:.1f} |")
+    for label, tokens, micros in measure(args.calls, args.max_seq_len, args.runner):
+        print(f"| {label} | {tokens} | {micros:.1f} |")
     return 0
 
 

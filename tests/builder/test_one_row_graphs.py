@@ -66,7 +66,7 @@ def test_each_text_gets_its_own_answer(packed_runner: ModuleType, packed_graphs:
     answers = []
     for row in rows:
         assert graphs.covers(row, [output])
-        got = graphs(graphs.feed(row, inputs), row.tokens)
+        got = graphs(graphs.feed(row.input_ids, row.token_type_ids, inputs), row.tokens)
         want = session.run([output], row.feed(inputs))[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         answers.append(got)
@@ -81,4 +81,99 @@ def test_a_call_feeds_only_the_token_ids_and_types(packed_runner: ModuleType, pa
     inputs = frozenset(i.name for i in session.get_inputs())
     graphs = packed_runner.OneRowGraphs(session, output_name("embed"), max_tokens=4, device_type="cpu")
     assert len(inputs) > 2
-    assert set(graphs.feed(_row([2, 9, 3], [0, 0, 0]), inputs)) == {"input_ids", "token_type_ids"} & inputs
+    row = _row([2, 9, 3], [0, 0, 0])
+    assert set(graphs.feed(row.input_ids, row.token_type_ids, inputs)) == {"input_ids", "token_type_ids"} & inputs
+
+
+class _Input:
+    """An input tensor as the stub hands it over."""
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class _Request:
+    def __init__(self, **tensors: np.ndarray | list[list[int]]) -> None:
+        self._inputs = [_Input(name, np.asarray(array, np.int32)) for name, array in tensors.items()]
+
+    def inputs(self) -> list[_Input]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return []
+
+
+class _Tensor:
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self.name, self.array = name, array
+
+
+class _Response:
+    def __init__(self, output_tensors: list[_Tensor] | None = None, error: object = None) -> None:
+        self.output_tensors, self.error = output_tensors or [], error
+
+
+class _Error:
+    def __init__(self, message: str, code: object = None) -> None:
+        self.message = message
+
+
+def _packed(row: PackedRows) -> _Request:
+    return _Request(input_ids=row.input_ids[None], token_type_ids=row.token_type_ids[None],
+                    cu_seqlens=row.cu_seqlens[None])
+
+
+def test_a_lone_text_takes_the_short_path_and_refusals_keep_their_reasons(
+        packed_runner: ModuleType, packed_graphs: PackedGraphs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An execute() of one packed request of one row the graphs cover is answered without merging or cutting runs,
+    with session.run's answer; a lone request that breaks the contract gets the general path's reason."""
+    utils = sys.modules["triton_python_backend_utils"]  # the stub gives it these classes; here plain stand-ins
+    for name, value in (("Tensor", _Tensor), ("InferenceResponse", _Response), ("TritonError", _Error)):
+        monkeypatch.setattr(utils, name, value, raising=False)
+    case = packed_graphs.get("bert", "embed", "mean")
+    session = ort.InferenceSession(case.cpu_form.SerializeToString(), providers=["CPUExecutionProvider"])
+    output = output_name("embed")
+    steps = packed_runner.PackedSteps(session, [output], max_tokens=64, max_seq_len=16, vocab_sizes=(case.vocab, 2),
+                                      graph_session=session, device_type="cpu")
+    assert "16 CUDA graphs captured" in steps.warm_up(gpu=False)
+    inputs = frozenset(i.name for i in session.get_inputs())
+    rng = np.random.default_rng(1)
+    texts = [_row([2, *rng.integers(5, case.vocab, n - 2).tolist(), 3], [0] * n) for n in (5, 5, 16, 9, 2)]
+    other = _packed(_row([2, 7, 8, 3], [0] * 4))
+
+    def fail(*args: object) -> None:
+        raise AssertionError("a lone text of one row went through the merged path")
+
+    with monkeypatch.context() as lone:
+        lone.setattr(packed_runner, "cut_runs", fail)
+        answers = [steps([_packed(text)])[0] for text in texts]
+    for text, answer in zip(texts, answers):
+        assert answer.error is None and [t.name for t in answer.output_tensors] == [output]
+        got = answer.output_tensors[0].array
+        assert got.shape == (1, session.get_outputs()[0].shape[-1]) and got.dtype == np.float32
+        np.testing.assert_allclose(got, session.run([output], text.feed(inputs))[0], rtol=1e-5, atol=1e-6)
+        merged = steps([_packed(text), other])[0].output_tensors[0].array  # the general path, for the same text
+        np.testing.assert_allclose(got, merged, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(answers[0].output_tensors[0].array, answers[1].output_tensors[0].array)
+
+    refused = {
+        "input_ids must be in 0..": _packed(_row([2, case.vocab + 5, 3], [0, 0, 0])),
+        "token_type_ids must be in 0..1": _packed(_row([2, 9, 3], [0, 2, 0])),
+        "more than max_seq_len 16": _packed(_row([2] * 17, [0] * 17)),
+        "must end at the token count 3": _Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
+                                                  cu_seqlens=[[0, 4]]),
+        "exactly one of attention_mask": _Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
+                                                  cu_seqlens=[[0, 3]], attention_mask=[[1, 1, 1]]),
+    }
+    for reason, request in refused.items():
+        (response,) = steps([request])
+        assert response.error is not None and reason in response.error.message, (reason, response.error)
+    padded = steps([_Request(input_ids=[[2, 9, 3, 0]], token_type_ids=[[0] * 4], attention_mask=[[1, 1, 1, 0]])])[0]
+    np.testing.assert_allclose(padded.output_tensors[0].array,
+                               session.run([output], _row([2, 9, 3], [0, 0, 0]).feed(inputs))[0], rtol=1e-5, atol=1e-6)

@@ -207,6 +207,8 @@ def test_runner_cost_times_each_shape() -> None:
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line.split("|")[1:4] for line in proc.stdout.splitlines()[2:] if line.startswith("| ")]
-    assert [shape.strip() for shape, _, _ in rows] == ["1 x 1", "1 x 8", "2 x 8", "4 x 8", "1 x 32"]
+    assert [shape.strip() for shape, _, _ in rows[:5]] == ["1 x 1", "1 x 8", "2 x 8", "4 x 8", "1 x 32"]
+    assert len(rows) == 6 and rows[5][0].strip().startswith("1 x 1, a lone text of")  # the one-row graph's path
     tokens = [int(t) for _, t, _ in rows]
-    assert tokens[0] <= 128 and tokens[1] < tokens[2] < tokens[3] and all(float(us) > 0 for _, _, us in rows)
+    assert tokens[0] <= 128 and tokens[1] < tokens[2] < tokens[3] and tokens[5] <= 16
+    assert all(float(us) > 0 for _, _, us in rows)
