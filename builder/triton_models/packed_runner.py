@@ -56,6 +56,12 @@ def _error_response(message, code="INVALID_ARG"):
     return pb_utils.InferenceResponse(error=error)
 
 
+def _run_failed(exc):
+    """What a request whose rows onnxruntime failed on is told."""
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"onnxruntime failed on the rows of this request: {reason}"
+
+
 def _tensor(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
@@ -197,9 +203,8 @@ class PackedSteps:
                 else:
                     outs = self.session.run(names, run.feed(self.inputs))
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises anything; those requests get the error
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 for part in set(owner_of_row[start:stop].tolist()):
-                    failed.setdefault(part, f"onnxruntime failed on the rows of this request: {reason}")
+                    failed.setdefault(part, _run_failed(exc))
                 continue
             first, last = int(batch.cu_seqlens[start]), int(batch.cu_seqlens[stop])
             for name, out in zip(names, outs):  # per-row outputs by row, per-token ones by token
@@ -220,30 +225,27 @@ class PackedSteps:
 
     def _lone_row(self, request):
         """The response to an execute() of one packed request of one row that a CUDA graph covers (a lone short
-        text at low load), without merging, cutting runs or splitting outputs: the runner's Python for it fell from
-        ~48 to ~14 us on the dev VM (loadtest.experiments.runner_cost). None for any other request, and for one to
-        refuse: the general path answers those, with the reason."""
+        text at low load), without merging, cutting runs or splitting outputs: the runner's Python for it 80 -> 10 us
+        on the H200 host (loadtest/results/h200-20al-lone-row). None for any other request, and for one to refuse:
+        the general path answers those, with the reason."""
         tensors = {tensor.name(): tensor for tensor in request.inputs()}  # one pass, not one per name
         if not self._LONE_INPUTS.issubset(tensors) or ATTENTION_MASK in tensors:
             return None
         cu, ids, types = (tensors[name].as_numpy() for name in (CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS))
-        if cu.shape != (1, 2) or int(cu[0, 0]) != 0:
+        if cu.shape != (1, 2) or int(cu[0, 0]) != 0 or ids.shape != (1, int(cu[0, 1])) or types.shape != ids.shape:
             return None
-        tokens = int(cu[0, 1])
-        if (ids.shape != (1, tokens) or types.shape != ids.shape
-                or not 1 <= tokens <= min(self.graphs.max_tokens, self.max_seq_len or tokens)
-                or self._requested(request) != self.outputs[:1]):
+        row = PackedRows(ids[0].astype(np.int32, copy=False), types[0].astype(np.int32, copy=False), cu[0])
+        longest = self.max_seq_len or row.tokens
+        if not 1 <= row.tokens <= longest or not self.graphs.covers(row, self._requested(request)):
             return None
-        ids, types = ids[0].astype(np.int32, copy=False), types[0].astype(np.int32, copy=False)
         try:
-            check_ids(PackedRows(ids, types, cu[0]), *self.vocab_sizes)
+            check_ids(row, *self.vocab_sizes)
         except PackingError:
             return None
         try:
-            out = self.graphs(self.graphs.feed(ids, types, self.inputs), tokens)
+            out = self.graphs(self.graphs.feed(row.input_ids, row.token_type_ids, self.inputs), row.tokens)
         except Exception as exc:  # noqa: BLE001 - as the general path answers it
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return _error_response(f"onnxruntime failed on the rows of this request: {reason}", "INTERNAL")
+            return _error_response(_run_failed(exc), "INTERNAL")
         return pb_utils.InferenceResponse([pb_utils.Tensor(self.outputs[0], out.astype(np.float32, copy=False))])
 
     def _output(self, name, values, batch, row, rows, width):

@@ -168,6 +168,8 @@ def test_a_lone_text_takes_the_short_path_and_refusals_keep_their_reasons(
         "more than max_seq_len 16": _packed(_row([2] * 17, [0] * 17)),
         "must end at the token count 3": _Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
                                                   cu_seqlens=[[0, 4]]),
+        "must be strictly increasing": _Request(input_ids=np.zeros((1, 0)), token_type_ids=np.zeros((1, 0)),
+                                                cu_seqlens=[[0, 0]]),
         "exactly one of attention_mask": _Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
                                                   cu_seqlens=[[0, 3]], attention_mask=[[1, 1, 1]]),
     }
