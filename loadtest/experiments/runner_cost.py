@@ -29,47 +29,11 @@ import numpy as np
 
 import contract.packing as packing
 from loadtest.corpus import CorpusSpec, make_corpus
+from tests.fixtures.python_backend import Request, stand_in_utils
 
 RUNNER = Path(__file__).resolve().parents[2] / "builder" / "triton_models" / "packed_runner.py"
 SHAPES = ((1, 1), (1, 8), (2, 8), (4, 8), (1, 32))  # (requests per execute, rows per request)
 HIDDEN = 768
-
-
-class _Tensor:
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self.name, self.array = name, array
-
-    def as_numpy(self) -> np.ndarray:
-        return self.array
-
-
-class _Response:
-    def __init__(self, output_tensors: list[_Tensor] | None = None, error: object = None) -> None:
-        self.output_tensors, self.error = output_tensors, error
-
-
-class _InputTensor:
-    """An input as the stub hands it over: name() and as_numpy() are methods."""
-
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self._name, self.array = name, array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self.array
-
-
-class _Request:
-    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
-        self.tensors = [_InputTensor(name, array) for name, array in tensors.items()]
-
-    def inputs(self) -> list[_InputTensor]:
-        return self.tensors
-
-    def requested_output_names(self) -> list[str]:
-        return []
 
 
 class _Input:
@@ -89,13 +53,8 @@ class _ZeroSession:
 
 def load_runner(path: Path = RUNNER) -> ModuleType:
     """packed_runner.py (`path`) with `packing` and a stand-in `triton_python_backend_utils` in sys.modules."""
-    utils = ModuleType("triton_python_backend_utils")
-    utils.Tensor = _Tensor  # type: ignore[attr-defined]
-    utils.InferenceResponse = _Response  # type: ignore[attr-defined]
-    utils.get_input_tensor_by_name = (  # type: ignore[attr-defined]  # as the stub's module finds it
-        lambda request, name: next((t for t in request.inputs() if t.name() == name), None))
     sys.modules["packing"] = packing
-    sys.modules["triton_python_backend_utils"] = utils
+    sys.modules["triton_python_backend_utils"] = stand_in_utils()
     spec = importlib.util.spec_from_file_location("packed_runner_cost", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -118,13 +77,13 @@ def corpus_rows(count: int, max_seq_len: int) -> tuple[list[np.ndarray], int]:
     return [np.asarray(e.ids, np.int32) for e in tokenizer.encode_batch(texts)], tokenizer.get_vocab_size()
 
 
-def _request(rows: list[np.ndarray]) -> _Request:
+def _request(rows: list[np.ndarray]) -> Request:
     part = packing.from_rows(rows)
-    return _Request({packing.INPUT_IDS: part.input_ids[None], packing.TOKEN_TYPE_IDS: part.token_type_ids[None],
-                     packing.CU_SEQLENS: part.cu_seqlens[None]})
+    return Request(input_ids=part.input_ids[None], token_type_ids=part.token_type_ids[None],
+                   cu_seqlens=part.cu_seqlens[None])
 
 
-def _time(steps: Any, calls_in: list[_Request], calls: int) -> float:
+def _time(steps: Any, calls_in: list[Request], calls: int) -> float:
     """µs per steps(calls_in), median of 5 rounds of `calls`."""
     for _ in range(50):
         steps(calls_in)

@@ -22,6 +22,7 @@ from contract import output_name
 from contract.packing import PackedRows, cu_seqlens_of
 from devstack.tritonserver import find_tritonserver_home
 from tests.builder.conftest import PackedGraphs
+from tests.fixtures.python_backend import STUB_CLASSES, Request
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,47 +86,8 @@ def test_a_call_feeds_only_the_token_ids_and_types(packed_runner: ModuleType, pa
     assert set(graphs.feed(row.input_ids, row.token_type_ids, inputs)) == {"input_ids", "token_type_ids"} & inputs
 
 
-class _Input:
-    """An input tensor as the stub hands it over."""
-
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self._name, self._array = name, array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._array
-
-
-class _Request:
-    def __init__(self, **tensors: np.ndarray | list[list[int]]) -> None:
-        self._inputs = [_Input(name, np.asarray(array, np.int32)) for name, array in tensors.items()]
-
-    def inputs(self) -> list[_Input]:
-        return self._inputs
-
-    def requested_output_names(self) -> list[str]:
-        return []
-
-
-class _Tensor:
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self.name, self.array = name, array
-
-
-class _Response:
-    def __init__(self, output_tensors: list[_Tensor] | None = None, error: object = None) -> None:
-        self.output_tensors, self.error = output_tensors or [], error
-
-
-class _Error:
-    def __init__(self, message: str, code: object = None) -> None:
-        self.message = message
-
-
-def _packed(row: PackedRows) -> _Request:
-    return _Request(input_ids=row.input_ids[None], token_type_ids=row.token_type_ids[None],
+def _packed(row: PackedRows) -> Request:
+    return Request(input_ids=row.input_ids[None], token_type_ids=row.token_type_ids[None],
                     cu_seqlens=row.cu_seqlens[None])
 
 
@@ -134,7 +96,7 @@ def test_a_lone_text_takes_the_short_path_and_refusals_keep_their_reasons(
     """An execute() of one packed request of one row the graphs cover is answered without merging or cutting runs,
     with session.run's answer; a lone request that breaks the contract gets the general path's reason."""
     utils = sys.modules["triton_python_backend_utils"]  # the stub gives it these classes; here plain stand-ins
-    for name, value in (("Tensor", _Tensor), ("InferenceResponse", _Response), ("TritonError", _Error)):
+    for name, value in STUB_CLASSES.items():
         monkeypatch.setattr(utils, name, value, raising=False)
     case = packed_graphs.get("bert", "embed", "mean")
     session = ort.InferenceSession(case.cpu_form.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -166,16 +128,16 @@ def test_a_lone_text_takes_the_short_path_and_refusals_keep_their_reasons(
         "input_ids must be in 0..": _packed(_row([2, case.vocab + 5, 3], [0, 0, 0])),
         "token_type_ids must be in 0..1": _packed(_row([2, 9, 3], [0, 2, 0])),
         "more than max_seq_len 16": _packed(_row([2] * 17, [0] * 17)),
-        "must end at the token count 3": _Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
+        "must end at the token count 3": Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
                                                   cu_seqlens=[[0, 4]]),
-        "must be strictly increasing": _Request(input_ids=np.zeros((1, 0)), token_type_ids=np.zeros((1, 0)),
+        "must be strictly increasing": Request(input_ids=np.zeros((1, 0)), token_type_ids=np.zeros((1, 0)),
                                                 cu_seqlens=[[0, 0]]),
-        "exactly one of attention_mask": _Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
+        "exactly one of attention_mask": Request(input_ids=[[2, 9, 3]], token_type_ids=[[0, 0, 0]],
                                                   cu_seqlens=[[0, 3]], attention_mask=[[1, 1, 1]]),
     }
     for reason, request in refused.items():
         (response,) = steps([request])
         assert response.error is not None and reason in response.error.message, (reason, response.error)
-    padded = steps([_Request(input_ids=[[2, 9, 3, 0]], token_type_ids=[[0] * 4], attention_mask=[[1, 1, 1, 0]])])[0]
+    padded = steps([Request(input_ids=[[2, 9, 3, 0]], token_type_ids=[[0] * 4], attention_mask=[[1, 1, 1, 0]])])[0]
     np.testing.assert_allclose(padded.output_tensors[0].array,
                                session.run([output], _row([2, 9, 3], [0, 0, 0]).feed(inputs))[0], rtol=1e-5, atol=1e-6)
