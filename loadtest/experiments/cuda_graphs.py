@@ -71,6 +71,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_help: str = "a pa
     parser.add_argument("--vocab", type=int, help="ids stay below it (default: the step config's vocab_size)")
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, cpu: bool = True) -> None:
+    """--python, --cpu (with `cpu`), --name and --out: where a step experiment runs and where its results go."""
+    parser.add_argument("--python", default=None, help="the interpreter with onnxruntime(-gpu) (default: the stub's)")
+    if cpu:
+        parser.add_argument("--cpu", action="store_true",
+                            help="the CPU provider even where CUDA exists (the smoke run)")
+    parser.add_argument("--name", default="local")
+    parser.add_argument("--out", type=Path, required=True)
+
+
 def model_and_vocab(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Path, int]:
     """The packed model.onnx (--model, or the repository's *_onnx step) and the ids' bound (--vocab, or the step
     config's vocab_size); a parser error when neither gives one."""
@@ -309,10 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--child-timeout", type=float, default=150, help="seconds a child may take before its watchdog "
                    "prints its stacks and ends it")
-    p.add_argument("--python", default=None, help="the interpreter with onnxruntime(-gpu) (default: the stub's)")
-    p.add_argument("--cpu", action="store_true", help="the CPU provider even where CUDA exists (the smoke run)")
-    p.add_argument("--name", default="local")
-    p.add_argument("--out", type=Path, required=True)
+    add_run_arguments(p)
     args = p.parse_args(argv)
     model, vocab = model_and_vocab(p, args)
     python = args.python or step_python()

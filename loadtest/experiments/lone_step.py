@@ -35,6 +35,7 @@ from loadtest.experiments.cuda_graphs import (
     SESSION_OPTIONS,
     SHORT_TOKENS,
     add_model_arguments,
+    add_run_arguments,
     model_and_vocab,
 )
 from loadtest.ort_probe import (
@@ -124,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=400)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--gap-ms", type=float, default=2.0, help="idle before each call in the second series")
-    p.add_argument("--python", default=None, help="the interpreter with onnxruntime(-gpu) (default: the stub's)")
-    p.add_argument("--cpu", action="store_true", help="the CPU provider even where CUDA exists (the smoke run)")
-    p.add_argument("--name", default="local")
-    p.add_argument("--out", type=Path, required=True)
+    add_run_arguments(p)
     args = p.parse_args(argv)
     model, vocab = model_and_vocab(p, args)
     spec = {"model": str(model), "vocab": vocab, "repeats": args.repeats, "warmup": args.warmup,

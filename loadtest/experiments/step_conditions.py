@@ -27,6 +27,7 @@ from loadtest.experiments.cuda_graphs import (
     CUDA_OPTIONS,
     SESSION_OPTIONS,
     add_model_arguments,
+    add_run_arguments,
     model_and_vocab,
     packed_run,
     run_lengths,
@@ -88,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     add_model_arguments(p)
     p.add_argument("--repeats", type=int, default=300)
     p.add_argument("--gap-ms", type=float, default=3.0)
-    p.add_argument("--python", default=None)
-    p.add_argument("--name", default="local")
-    p.add_argument("--out", type=Path, required=True)
+    add_run_arguments(p, cpu=False)
     args = p.parse_args(argv)
     model, vocab = model_and_vocab(p, args)
     result = in_child(conditions, {"model": str(model), "vocab": vocab, "repeats": args.repeats,
