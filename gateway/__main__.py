@@ -76,7 +76,7 @@ def main() -> None:
             access_log=False,
             timeout_graceful_shutdown=10,
             loop=settings.loop,
-            http="gateway.http_protocol:NoDelayHttpToolsProtocol",
+            http="gateway.http_protocol:GatewayHttpProtocol",
         )
     finally:  # uvicorn returns once its workers have stopped (SIGTERM, SIGINT)
         if metrics_dir is not None:

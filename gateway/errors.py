@@ -22,6 +22,8 @@ class ErrorKind(Enum):
     NOT_FOUND = auto()
     METHOD_NOT_ALLOWED = auto()
     TOO_LARGE = auto()
+    HEADERS_TOO_LARGE = auto()  # the request's head past the bound: its headers are not read
+    REQUEST_TIMEOUT = auto()  # the client did not send its request in time
     UNSUPPORTED_MEDIA = auto()
     UNSUPPORTED_OUTPUT = auto()  # the model has no such output (e.g. /embed_sparse on a dense model)
     RATE_LIMITED = auto()  # this worker's in-flight limit
@@ -69,6 +71,8 @@ class ErrorType(StrEnum):
     BODY_TOO_LARGE = "body_too_large", ErrorKind.TOO_LARGE
     TOO_MANY_INPUTS = "too_many_inputs", ErrorKind.TOO_LARGE
     INPUT_TOO_LONG = "input_too_long", ErrorKind.TOO_LARGE
+    HEADERS_TOO_LARGE = "headers_too_large", ErrorKind.HEADERS_TOO_LARGE
+    REQUEST_TIMEOUT = "request_timeout", ErrorKind.REQUEST_TIMEOUT
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", ErrorKind.UNSUPPORTED_MEDIA
     SPARSE_NOT_SUPPORTED = "sparse_not_supported", ErrorKind.UNSUPPORTED_OUTPUT
     OUTPUT_NOT_AVAILABLE = "output_not_available", ErrorKind.UNSUPPORTED_OUTPUT
@@ -81,6 +85,7 @@ class ErrorType(StrEnum):
     UNLOAD_FAILED = "unload_failed", ErrorKind.UPSTREAM
     CONTRACT_MISMATCH = "contract_mismatch", ErrorKind.UPSTREAM
     OVERLOADED = "overloaded", ErrorKind.OVERLOADED
+    TOO_MANY_CONNECTIONS = "too_many_connections", ErrorKind.OVERLOADED
     TRITON_UNAVAILABLE = "triton_unavailable", ErrorKind.UNAVAILABLE
     MODEL_UNAVAILABLE = "model_unavailable", ErrorKind.UNAVAILABLE
     MODEL_LOADING = "model_loading", ErrorKind.UNAVAILABLE

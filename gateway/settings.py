@@ -97,6 +97,18 @@ class GatewaySettings(BaseSettings):
         100_000, ge=1, description="Longest input text in characters (413 above; truncation happens in tokens)."
     )
     max_in_flight: int = Field(512, ge=1, description="Requests in flight per worker (429 above).")
+    max_connections: int = Field(
+        2048, ge=1, description="Open connections per worker; one more is answered 503 and closed.")
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="Largest request head (request line and headers) in bytes: 431, and the "
+        "connection is closed, past it (or past GATEWAY_MAX_HEADERS headers).")
+    max_headers: int = Field(100, ge=8, description="Most headers in one request (431 above).")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A request head must arrive within this many seconds of its first byte (or of the "
+        "connection's opening): 408, and the connection is closed. Bounds what slow clients hold.")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body must arrive within this many seconds of its head: 408, and the "
+        "connection is closed.")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted bearer keys; empty list = no auth."
     )
@@ -130,10 +142,10 @@ class GatewaySettings(BaseSettings):
         "asyncio", description="Event loop; grpc.aio has no native uvloop support (it polls)."
     )
     direct_routes: bool = Field(
-        True, description="Serve the inference routes' JSON POSTs (/embed, /classify, /v1/embeddings, ...) from the "
-        "HTTP server's protocol itself, without the ASGI stack: the same answers, errors, logs and metrics, at "
-        "about a quarter less CPU per small request (api/direct.py). false = every request through the ASGI stack. "
-        "Tracing (OTEL_*) does the same while it is on.",
+        True, description="Hand the POSTs of the API's routes to the edge straight from the HTTP protocol, without "
+        "an ASGI cycle per request (gateway/http_protocol.py): the same steps and answers at less CPU per request. "
+        "false = every request through the ASGI app. While tracing (OTEL_*) is on, every request takes the ASGI "
+        "app, whose server span is FastAPI's.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     docs: bool = Field(True, description="Serve /docs (Swagger UI, assets bundled: works offline) and /openapi.json.")

@@ -147,8 +147,8 @@ def fastapi_telemetry(provider: trace.TracerProvider | None, untraced: Collectio
 
 
 def route_selected(method: str, route: str) -> None:
-    """Name the current server span by its route template, as FastAPI's routing does (api/hot.py serves
-    its routes without that routing)."""
+    """Name the current server span by its route template, as FastAPI's routing does (the edge serves its routes
+    without that routing, api/asgi.py)."""
     span = trace.get_current_span()
     if span.is_recording():
         span.update_name(f"{method} {route}")

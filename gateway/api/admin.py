@@ -1,6 +1,6 @@
 """Admin routes: the model families in Triton's repository, and load / unload / reload of one of them.
 
-Guarded by GATEWAY_ADMIN_KEYS in api/middleware.py (off, 404, when none is set). An operation
+Guarded by GATEWAY_ADMIN_KEYS at the edge (api/edge.py) (off, 404, when none is set). An operation
 answers once Triton has finished it, with the family's state after it.
 """
 

@@ -1,6 +1,6 @@
 """Optional bearer API keys (off when GATEWAY_API_KEYS is empty); keys are never logged.
 
-Checked by api/middleware.py's RequireKey layer before the body is read, so a client without a key
+Checked by the edge (api/edge.py) before the body is read, so a client without a key
 costs no body parsing. Health, readiness, metrics and the docs stay public (TEI's split), and so
 does each model's TEI health route, `/tei/{model}/health`.
 The admin routes (/admin/...) take only admin keys (GATEWAY_ADMIN_KEYS) and are off without one.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 
 from gateway.api.probes import PROBE_PATHS
+from gateway.api.tei_errors import TEI_PREFIX
 from gateway.errors import ErrorType, GatewayError
 
 PUBLIC_PATHS = PROBE_PATHS | {"/docs", "/openapi.json"}
@@ -23,8 +24,8 @@ def is_public(path: str) -> bool:
 
 def is_tei_health(path: str) -> bool:
     """`/tei/{model}/health`: public, as text-embeddings-inference's own /health is."""
-    parts = path.split("/")
-    return len(parts) == 4 and parts[1] == "tei" and bool(parts[2]) and parts[3] == "health"
+    model, _, rest = path.removeprefix(TEI_PREFIX).partition("/")
+    return path.startswith(TEI_PREFIX) and bool(model) and rest == "health"
 
 
 def key_matches(supplied: bytes, keys: list[str]) -> bool:

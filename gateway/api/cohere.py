@@ -22,13 +22,14 @@ from gateway.api.cohere_schemas import (
     CohereRerankV2Response,
 )
 from gateway.api.responses import OrjsonResponse, base64_rows
-from gateway.api.routes import _ERRORS, api, request_id_of, services
+from gateway.api.route_table import runs
+from gateway.api.routes import _ERRORS, request_id_of, services
 from gateway.errors import ErrorType, invalid
 from gateway.metrics import TOKENS
 from gateway.service.prompts import Prompt
 from gateway.service.registry import ServedModel
 
-cohere = APIRouter(dependencies=api.dependencies, responses=_ERRORS, tags=["cohere"])
+cohere = APIRouter(responses=_ERRORS, tags=["cohere"])
 EXACT_TYPES = ("float", "base64", "binary", "ubinary")
 
 
@@ -68,6 +69,7 @@ def _meta(tokens: int) -> dict[str, Any]:
 
 
 @cohere.post("/v2/embed", response_class=OrjsonResponse, responses={200: {"model": CohereEmbedV2Response}})
+@runs("embed")
 async def cohere_embed_route(body: CohereEmbedV2Request, request: Request) -> Response:
     """Cohere v2 embed: unit-length vectors in the requested `embedding_types`, one per text, in order."""
     embed = services(request).embed
@@ -85,6 +87,7 @@ async def cohere_embed_route(body: CohereEmbedV2Request, request: Request) -> Re
 
 
 @cohere.post("/v2/rerank", response_class=OrjsonResponse, responses={200: {"model": CohereRerankV2Response}})
+@runs("rerank")
 async def cohere_rerank_route(body: CohereRerankV2Request, request: Request) -> Response:
     """Cohere v2 rerank: `results` sorted by relevance_score, best first, `top_n` of them."""
     result = await services(request).rerank.rerank(request.state, body.model, body.query, body.documents,

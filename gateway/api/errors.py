@@ -26,6 +26,8 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.METHOD_NOT_ALLOWED: 405,
     ErrorKind.TOO_LARGE: 413,
+    ErrorKind.HEADERS_TOO_LARGE: 431,
+    ErrorKind.REQUEST_TIMEOUT: 408,
     ErrorKind.UNSUPPORTED_MEDIA: 415,
     ErrorKind.RATE_LIMITED: 429,
     ErrorKind.INTERNAL: 500,
@@ -75,37 +77,39 @@ async def _validation_error(_: Request, exc: Exception) -> OrjsonResponse:
     return validation_error_response(exc.errors())
 
 
-def validation_error_response(errors: Sequence[Mapping[str, Any]]) -> OrjsonResponse:
-    """The 400/422 of a body that failed to parse or validate (pydantic's errors; a `body` location prefix,
-    as FastAPI's path adds it, is left out)."""
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> GatewayError:
+    """The 400/422 of a body that failed the request model's validation (pydantic's errors), located by the API's
+    own field paths (`inputs.0`): FastAPI's `body` prefix and pydantic's names of union members are left out."""
     if any(e.get("type") == "json_invalid" for e in errors):
-        return error_response(ErrorType.INVALID_JSON, "request body is not valid JSON")
+        return GatewayError(ErrorType.INVALID_JSON, "request body is not valid JSON")
     unicode = next((e for e in errors if e.get("type") == "string_unicode"), None)
     if unicode is not None:  # JSON may escape a lone UTF-16 surrogate ("\ud800"): no Unicode text has one
-        where = ".".join(str(p) for p in unicode.get("loc", ()) if p != "body" and "str" not in str(p))
-        where = where or "a field name"  # an unknown key holding a surrogate has no location of its own
-        return error_response(ErrorType.INVALID_UNICODE, f"{where}: text is not valid Unicode (a lone surrogate)")
+        where = _location(unicode) or "a field name"  # an unknown key holding a surrogate has no location of its own
+        return GatewayError(ErrorType.INVALID_UNICODE, f"{where}: text is not valid Unicode (a lone surrogate)")
     parts = []
     for e in errors[:5]:
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-        parts.append(f"{loc}: {e.get('msg', 'invalid')}" if loc else str(e.get("msg", "invalid")))
-    return error_response(ErrorType.VALIDATION_ERROR, "; ".join(parts) or "invalid request")
+        loc, msg = _location(e), str(e.get("msg", "invalid"))
+        part = f"{loc}: {msg}" if loc else msg
+        if part not in parts:
+            parts.append(part)
+    return GatewayError(ErrorType.VALIDATION_ERROR, "; ".join(parts) or "invalid request")
 
 
-def _unparsable_body(cause: BaseException | None) -> str:
-    """Why FastAPI could not parse a JSON body, where json.loads raised something else than a JSONDecodeError."""
-    if isinstance(cause, UnicodeDecodeError):
-        return f"request body is not valid JSON: not UTF-8 text (invalid byte at position {cause.start})"
-    if isinstance(cause, RecursionError):
-        return "request body is not valid JSON for this API: nested too deeply"
-    if isinstance(cause, ValueError):  # e.g. an integer literal of more than 4300 digits
-        return "request body is not valid JSON for this API: a number too long"
-    return "request body is not valid JSON"
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "bytes"}
 
 
-def unparsable_body_response(cause: BaseException | None) -> OrjsonResponse:
-    """The 400 of a body json.loads failed on with something else than a JSONDecodeError."""
-    return error_response(ErrorType.INVALID_JSON, _unparsable_body(cause))
+def _location(error: Mapping[str, Any]) -> str:
+    """An error's location as the API's field path: the members of a union (`constrained-str`, `list[str]`) are
+    pydantic's names, not the API's; an unknown field's name is kept whatever it is."""
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    if error.get("type") != "extra_forbidden":
+        loc = [p for p in loc if isinstance(p, int) or not ("[" in p or "-" in p or p in _TYPE_NAMES)]
+    return ".".join(str(p) for p in loc)
+
+
+def validation_error_response(errors: Sequence[Mapping[str, Any]]) -> OrjsonResponse:
+    """The response of `validation_error`."""
+    return gateway_error_response(validation_error(errors))
 
 
 _HTTP_ERRORS = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED, 413: ErrorType.BODY_TOO_LARGE}
@@ -113,8 +117,6 @@ _HTTP_ERRORS = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED, 413
 
 async def _http_error(_: Request, exc: Exception) -> OrjsonResponse:
     assert isinstance(exc, StarletteHTTPException)
-    if exc.status_code == 400:  # FastAPI's "There was an error parsing the body" (the only 400 HTTPException here)
-        return unparsable_body_response(exc.__cause__)
     type_ = _HTTP_ERRORS.get(exc.status_code)
     if type_ is None:  # none raised here; answered with its own code all the same
         fallback = ErrorType.INTERNAL_ERROR if exc.status_code >= 500 else ErrorType.INVALID_REQUEST
@@ -132,4 +134,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)  # api/middleware.py's LastResort answers first, with the id
+    app.add_exception_handler(Exception, _unexpected)  # the edge's last resort answers first, with the request id

@@ -2,7 +2,7 @@
 
 They are public (no API key, api/auth.py), not traced (gateway/tracing.py gets them from the app
 factory), not counted in the request metrics, and never refused by the in-flight limit
-(api/middleware.py): a probe is how an operator sees an overloaded gateway.
+(api/edge.py): a probe is how an operator sees an overloaded gateway.
 """
 
 from __future__ import annotations

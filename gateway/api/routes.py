@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from starlette.responses import Response
 
 from gateway.api.responses import OrjsonResponse, base64_rows
+from gateway.api.route_table import runs
 from gateway.api.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -30,7 +31,6 @@ from gateway.api.schemas import (
     Token,
     TokenizeRequest,
 )
-from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import TOKENS, render_latest
 from gateway.service.catalog import CatalogService
 from gateway.service.embed import EmbedService
@@ -43,22 +43,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def json_media_error(content_type: str) -> GatewayError | None:
-    """The 415 of a POST body not declared as JSON (a form or text body would fail obscurely later)."""
-    media = content_type.partition(";")[0].strip().lower()
-    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-        return GatewayError(ErrorType.UNSUPPORTED_MEDIA_TYPE, "send the body as JSON with Content-Type: "
-                            f"application/json (got {media or 'no Content-Type'!r})")
-    return None
-
-
-async def require_json(request: Request) -> None:
-    """415 unless a POST body is declared as JSON."""
-    if request.method == "POST" and (error := json_media_error(request.headers.get("content-type", ""))) is not None:
-        raise error
-
-
-api = APIRouter(dependencies=[Depends(require_json)], responses=_ERRORS)  # API keys: api/middleware.py
+api = APIRouter(responses=_ERRORS)  # served by the edge (api/edge.py): keys, limits, the JSON check
 ops = APIRouter()
 
 
@@ -76,6 +61,7 @@ def request_id_of(request: Request) -> str:
 
 
 @api.post("/classify", response_class=OrjsonResponse, responses={200: {"model": ClassifyResponse}})
+@runs("classify")
 async def classify_route(body: ClassifyRequest, request: Request) -> Response:
     """Classify one text, a list, or a list of [text, text_pair] pairs; one prediction per input, in order."""
     raw = body.inputs
@@ -93,6 +79,7 @@ async def classify_route(body: ClassifyRequest, request: Request) -> Response:
 
 
 @api.post("/embed", response_class=OrjsonResponse, responses={200: {"model": EmbedResponse}})
+@runs("embed")
 async def embed_route(body: EmbedRequest, request: Request) -> Response:
     """Embed one text or a list; one vector per input, in order."""
     result = await services(request).embed.embed(
@@ -105,6 +92,7 @@ async def embed_route(body: EmbedRequest, request: Request) -> Response:
 
 
 @api.post("/v1/embeddings", response_class=OrjsonResponse, responses={200: {"model": OpenAIEmbeddingResponse}})
+@runs("embed")
 async def openai_embeddings_route(body: OpenAIEmbeddingRequest, request: Request) -> Response:
     """OpenAI-compatible embeddings (normalized, as OpenAI's are)."""
     embed = services(request).embed
@@ -136,6 +124,7 @@ async def openai_embeddings(request: Request, embed: EmbedService, model: Served
 
 
 @api.post("/rerank", response_class=OrjsonResponse, responses={200: {"model": list[Rank]}})
+@runs("rerank")
 async def rerank_route(body: RerankRequest, request: Request) -> Response:
     """Score every text against the query with a cross-encoder; results sorted by score, best first
     (text-embeddings-inference's shape)."""
@@ -150,6 +139,7 @@ async def rerank_route(body: RerankRequest, request: Request) -> Response:
 
 
 @api.post("/v1/rerank", response_class=OrjsonResponse, responses={200: {"model": CohereRerankResponse}})
+@runs("rerank")
 async def cohere_rerank_route(body: CohereRerankRequest, request: Request) -> Response:
     """Cohere/Jina-style rerank: `results` sorted by relevance_score, best first, `top_n` of them."""
     texts = [d if isinstance(d, str) else d.text for d in body.documents]

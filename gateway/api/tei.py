@@ -4,9 +4,7 @@ Clients written for TEI (huggingface_hub's InferenceClient, langchain-huggingfac
 TextEmbeddingsInference, plain HTTP) point their base URL here. Thin adapters: TEI's request is mapped to
 the same services /embed, /classify, /rerank, /tokenize and /decode use, and their answer written in TEI's
 shape (api/tei_schemas.py documents it, tests/gateway/test_response_models.py checks it). Errors get TEI's
-shape and status codes in api/tei_errors.py. The POST routes are also served straight from the HTTP protocol
-(api/direct.py, by `hot.model_routes` of this router): a handler takes the model's name first, then its body
-model (or reads the body itself), then the request.
+shape and status codes in api/tei_errors.py.
 
 TEI serves one model and routes `POST /` by its kind; here `POST /tei/{model}` does the same by the served
 model's task (`_COMPAT`): an embedding model also answers TEI's similarity body there (huggingface_hub's
@@ -23,16 +21,17 @@ from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, cast
 
 import orjson
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from contract import TOKEN_EMBEDDINGS, Task, TruncationDirection
 from gateway.api.responses import OrjsonResponse
-from gateway.api.routes import openai_embeddings, require_json, services, texts_of
+from gateway.api.route_table import runs
+from gateway.api.routes import openai_embeddings, services, texts_of
 from gateway.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
-from gateway.api.tei_errors import TEI_OPENAI_ROUTES
+from gateway.api.tei_errors import TEI_OPENAI_ROUTES, TEI_PREFIX
 from gateway.api.tei_schemas import (
     TEI_VERSION,
     TeiClassifierModel,
@@ -74,8 +73,7 @@ from gateway.settings import GatewaySettings
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": TeiError} for code in (400, 401, 404, 413, 415, 422, 424, 429, 501, 503, 504)
 }
-tei = APIRouter(prefix="/tei/{model}", tags=["text-embeddings-inference"], dependencies=[Depends(require_json)],
-                responses=_ERRORS)
+tei = APIRouter(prefix=TEI_PREFIX + "{model}", tags=["text-embeddings-inference"], responses=_ERRORS)
 ModelName = Annotated[str, Path(description="A served model NAME (GET /v1/models lists them): the base URL "
                                             "/tei/{model} is that model's TEI server.", examples=["e5"])]
 TEI_POOLING = {"mean": "mean", "cls": "cls", "lasttoken": "last_token"}  # the builder's names -> TEI's
@@ -125,6 +123,7 @@ async def _embed(request: Request, tasks: Services, model: ServedModel, body: Te
 
 
 @tei.post("/embed", response_class=OrjsonResponse, responses={200: {"model": TeiEmbedResponse}})
+@runs("embed")
 async def tei_embed_route(model: ModelName, body: TeiEmbedRequest, request: Request) -> Response:
     """TEI `/embed`: one vector per input, as a bare array (also for a single text)."""
     tasks, served = await _served(request, model, "embed")
@@ -135,6 +134,7 @@ async def tei_embed_route(model: ModelName, body: TeiEmbedRequest, request: Requ
 _OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiOpenAIError} for code in _ERRORS}
 
 
+@runs("embed")
 async def tei_openai_embeddings_route(model: ModelName, body: OpenAIEmbeddingRequest, request: Request) -> Response:
     """TEI's OpenAI-compatible embeddings (the openai client's base URL /tei/{model}/v1): normalized vectors of the
     path's model, whatever `model` says (TEI serves one model and takes any); texts over the model's limits are
@@ -197,6 +197,7 @@ async def _similarity(request: Request, tasks: Services, model: ServedModel, bod
 
 
 @tei.post("/similarity", response_class=OrjsonResponse, responses={200: {"model": TeiSimilarityResponse}})
+@runs("embed")
 async def tei_similarity_route(model: ModelName, body: TeiSimilarityRequest, request: Request) -> Response:
     """TEI `/similarity` (embedding models): the cosine similarity of `inputs.source_sentence` with each of
     `inputs.sentences`, in order."""
@@ -233,6 +234,7 @@ async def _predict(request: Request, tasks: Services, model: ServedModel, body: 
 
 
 @tei.post("/predict", response_class=OrjsonResponse, responses={200: {"model": TeiPredictResponse}})
+@runs("classify")
 async def tei_predict_route(model: ModelName, body: TeiPredictRequest, request: Request) -> Response:
     """TEI `/predict` (classifiers): every label, best first; a single input gives one flat list, a batch
     one list per input."""
@@ -256,6 +258,7 @@ async def _rerank(request: Request, tasks: Services, model: ServedModel, body: T
 
 
 @tei.post("/rerank", response_class=OrjsonResponse, responses={200: {"model": TeiRerankResponse}})
+@runs("rerank")
 async def tei_rerank_route(model: ModelName, body: TeiRerankRequest, request: Request) -> Response:
     """TEI `/rerank` (cross-encoders): `[{index, score, text?}]`, best first."""
     tasks, served = await _served(request, model, "rerank")
@@ -287,6 +290,7 @@ _COMPAT_BODY = {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
           openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _COMPAT_BODY}}}},
           responses={200: {"model": TeiEmbedResponse | TeiSimilarityResponse | TeiEmbedSparseResponse
                                     | TeiPredictResponse | TeiRerankResponse}})
+@runs(None)
 async def tei_compat_route(model: ModelName, request: Request) -> Response:
     """TEI's `POST /`: `/embed` for an embedding model (`/similarity` when `inputs` is
     `{source_sentence, sentences}`), `/embed_sparse` for a SPLADE model, `/predict` for a classifier, `/rerank` for

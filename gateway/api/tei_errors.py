@@ -1,12 +1,11 @@
 """TEI's error shape under /tei/: `{"error": str, "error_type": str}` with TEI's status codes; on TEI's OpenAI routes
 (/tei/{model}/v1/embeddings and /embeddings) TEI's OpenAI one, `{"message": str, "code": int, "type": str}`.
 
-Every failure of the gateway (a route's domain error, a validation error, the request layers' 401/413/429,
-an unknown route) is answered in the gateway's one shape `{"error": {"type", "message"}}`. For a path
-under /tei/ `tei_error` turns that answer into TEI's: the gateway's error type picks TEI's status and
-`error_type` (TEI's six: Unhealthy, Backend, Overloaded, Validation, Tokenizer, Empty). `TeiErrorShape`, the
-outermost ASGI wrapper, applies it, and so do the direct routes (api/direct.py). Metrics and the access log
-keep the gateway's own status and type, one vocabulary over every protocol.
+Every failure of the gateway (a route's domain error, a validation error, the edge's 401/413/429, an unknown
+route) is answered in the gateway's one shape `{"error": {"type", "message"}}`. For a path under /tei/ the edge
+(api/edge.py) turns that answer into TEI's with `tei_error`: the gateway's error type picks TEI's status and
+`error_type` (TEI's six: Unhealthy, Backend, Overloaded, Validation, Tokenizer, Empty). Metrics and the access
+log keep the gateway's own status and type, one vocabulary over every protocol.
 """
 
 from __future__ import annotations
@@ -14,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.tei_schemas import TeiError, TeiErrorType, TeiOpenAIError
 from gateway.errors import ErrorKind, ErrorType
 
-TEI_PREFIX = "/tei/"
+TEI_PREFIX = "/tei/"  # each served model is a TEI server at /tei/{model} (api/tei.py)
 TEI_OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")  # TEI's OpenAI routes: their errors take TEI's OpenAI shape
 
 # The gateway's error kind -> TEI's status and error_type. Cases TEI never meets (auth, an unknown model, a
@@ -32,6 +30,8 @@ _BY_KIND: dict[ErrorKind, tuple[int, TeiErrorType]] = {
     ErrorKind.NOT_FOUND: (404, "Validation"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "Validation"),
     ErrorKind.TOO_LARGE: (413, "Validation"),
+    ErrorKind.HEADERS_TOO_LARGE: (431, "Validation"),
+    ErrorKind.REQUEST_TIMEOUT: (408, "Validation"),
     ErrorKind.UNSUPPORTED_MEDIA: (415, "Validation"),
     ErrorKind.UNSUPPORTED_OUTPUT: (424, "Backend"),  # TEI: "Model is not an embedding model with SPLADE pooling"
     ErrorKind.RATE_LIMITED: (429, "Overloaded"),
@@ -94,34 +94,3 @@ def tei_error(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, 
     kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
     kept.append((b"content-length", str(len(body)).encode()))
     return status, kept, body
-
-
-class TeiErrorShape:
-    """Pure-ASGI wrapper: error answers under /tei/ in TEI's shape; everything else passes untouched."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(TEI_PREFIX):
-            await self.app(scope, receive, send)
-            return
-        start: Message | None = None
-        body = bytearray()  # an error body: at most about a kilobyte (api/errors.py bounds the message)
-
-        async def send_tei(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                start = message  # held until the body is known
-                return
-            if start is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            body.extend(message.get("body", b""))
-            if message.get("more_body", False):
-                return
-            status, headers, payload = tei_error(start["status"], start.get("headers", ()), bytes(body), scope["path"])
-            await send({**start, "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": payload})
-
-        await self.app(scope, receive, send_tei)

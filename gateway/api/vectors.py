@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS
 from gateway.api.responses import OrjsonResponse
-from gateway.api.routes import _ERRORS, require_json, services, texts_of
+from gateway.api.routes import _ERRORS, services, texts_of
 from gateway.api.schemas import EmbedAllRequest, EmbedSparseRequest, SparseValue
 from gateway.metrics import TOKENS
 from gateway.service.sparse import SparseVector
 
-vectors = APIRouter(dependencies=[Depends(require_json)], responses={**_ERRORS, 424: _ERRORS[404]})
+vectors = APIRouter(responses={**_ERRORS, 424: _ERRORS[404]})
 
 
 @vectors.post("/embed_sparse", response_class=OrjsonResponse, responses={200: {"model": list[list[SparseValue]]}})

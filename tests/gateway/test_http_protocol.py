@@ -15,7 +15,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from gateway.http_protocol import NoDelayHttpToolsProtocol
+from gateway.http_protocol import GatewayHttpProtocol
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +50,7 @@ async def server_nodelay(protocol: type[HttpToolsProtocol]) -> int:
 
 async def test_gateway_protocol_sets_tcp_nodelay_where_asyncio_does_not() -> None:
     assert await server_nodelay(HttpToolsProtocol) == 0  # the bug: Nagle stays on for uvicorn's own socket
-    assert await server_nodelay(NoDelayHttpToolsProtocol) != 0
+    assert await server_nodelay(GatewayHttpProtocol) != 0
 
 
 def test_gateway_serves_with_the_nodelay_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,7 +61,7 @@ def test_gateway_serves_with_the_nodelay_protocol(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(entry, "prepare_metrics_dir", lambda settings: None)  # keeps this process's metrics mode
     monkeypatch.setenv("GATEWAY_WORKERS", "2")
     entry.main()
-    assert seen["http"] == "gateway.http_protocol:NoDelayHttpToolsProtocol" and seen["workers"] == 2
+    assert seen["http"] == "gateway.http_protocol:GatewayHttpProtocol" and seen["workers"] == 2
 
 
 class _CountingTransport:
@@ -133,7 +133,7 @@ def _request(method: str, path: str, close: bool = False) -> bytes:
 async def test_each_answer_leaves_in_one_write_with_the_gateway_protocol() -> None:
     requests = _request("GET", "/json") * 2 + _request("GET", "/json", close=True)
     plain, plain_writes = await serve(HttpToolsProtocol, requests)
-    one, one_writes = await serve(NoDelayHttpToolsProtocol, requests)
+    one, one_writes = await serve(GatewayHttpProtocol, requests)
     assert plain_writes == 6 and one_writes == 3  # uvicorn's own: a head, then a body
     assert one.count(b'HTTP/1.1 200 OK') == 3 and one.count(b'{"ok":true}') == 3
     assert _without_dates(one) == _without_dates(plain)
@@ -142,7 +142,7 @@ async def test_each_answer_leaves_in_one_write_with_the_gateway_protocol() -> No
 async def test_streamed_head_and_closing_answers_are_whole_and_in_order() -> None:
     requests = _request("GET", "/stream") + _request("HEAD", "/json") + _request("GET", "/json", close=True)
     plain, _ = await serve(HttpToolsProtocol, requests)
-    one, writes = await serve(NoDelayHttpToolsProtocol, requests)
+    one, writes = await serve(GatewayHttpProtocol, requests)
     assert _without_dates(one) == _without_dates(plain)
     assert b"4\r\none,\r\n4\r\ntwo,\r\n5\r\nthree\r\n0\r\n\r\n" in one  # the chunks, in order, then the end
     assert one.count(b"HTTP/1.1 200 OK") == 3 and one.endswith(b'{"ok":true}')

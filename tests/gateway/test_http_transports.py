@@ -1,11 +1,10 @@
-"""The hot routes served from the HTTP protocol (api/direct.py, gateway/http_protocol.py) instead of the ASGI stack.
+"""The edge's two transports (gateway/http_protocol.py and api/asgi.py) give the whole gateway the same answers.
 
-Two levels:
-- the protocol on its own, with a small hot route of the test's and a small ASGI app behind it (what reaches which,
-  pipelining, a client that leaves, shutdown, errors, the in-flight bound), as a real uvicorn serves it over TCP;
-- the whole gateway against a real tritonserver, served by uvicorn in-process with the direct routes on and off:
-  the same requests (the gateway's own routes, and TEI's under /tei/{model} with every error kind in TEI's shape)
-  get the same answers, access-log lines and request metrics, and with them on, no hot POST reaches the ASGI stack.
+The gateway against a real tritonserver, served by uvicorn in-process with GATEWAY_DIRECT_ROUTES on (the protocol
+hands the edge the POSTs of its routes) and off (every request through the ASGI app): the same requests (the
+gateway's own routes, and TEI's under /tei/{model} with every error kind in TEI's shape) get the same answers,
+access-log lines and request metrics, and with it on, no POST of a route reaches the ASGI app. The edge's own
+behaviour with small routes of a test's is tests/gateway/test_edge.py.
 """
 
 from __future__ import annotations
@@ -22,230 +21,21 @@ import httpx
 import orjson
 import pytest
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
-from pydantic import BaseModel
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from devstack.tritonserver import TritonServer
 from gateway.api import tei
-from gateway.api.direct import STATE_KEY, DirectRoutes
-from gateway.api.hot import hot_routes
-from gateway.api.middleware import InFlight, MaxInFlight
-from gateway.api.responses import OrjsonResponse
+from gateway.api.edge import Edge
 from gateway.app import create_app
-from gateway.errors import ErrorType, GatewayError
-from gateway.http_protocol import NoDelayHttpToolsProtocol
+from gateway.http_protocol import EDGE_KEY, GatewayHttpProtocol
 from gateway.service.admission import MIN_CALLS, ServiceTime
 from gateway.settings import GatewaySettings
 from tests.fixtures.metrics import metric
 from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.anyio
-
-
-# --- the protocol on its own -----------------------------------------------------------------------------------
-class Echo(BaseModel):
-    text: str
-
-
-class Probe:
-    """The test's hot route (/hot: echoes `text`; "wait" holds it until `release`, "fail" raises, "busy" is a 503)
-    and the ASGI app behind the protocol (answers 299 with the path it saw)."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.started = asyncio.Event()
-        self.cancelled = False
-        self.asgi_paths: list[str] = []
-        router = APIRouter()
-
-        @router.post("/hot")
-        async def hot(body: Echo, request: Request) -> Response:
-            request.state.model = "m"
-            if body.text == "wait":
-                self.started.set()
-                try:
-                    await self.release.wait()
-                except asyncio.CancelledError:
-                    self.cancelled = True
-                    raise
-            if body.text == "fail":
-                raise RuntimeError("a bug")
-            if body.text == "busy":
-                raise GatewayError(ErrorType.OVERLOADED, "busy", retry_after_s=2)
-            return OrjsonResponse({"echo": body.text})
-
-        self.routes = hot_routes([router])
-
-    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        self.asgi_paths.append(scope["path"])
-        body = scope["path"].encode()
-        await send({"type": "http.response.start", "status": 299, "headers": [(b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
-
-
-@asynccontextmanager
-async def protocol_server(probe: Probe, **settings: Any) -> AsyncIterator[tuple[int, InFlight, ServerState]]:
-    """The gateway's protocol serving `probe` on 127.0.0.1: (port, the in-flight count, the server's state)."""
-    gateway_settings = GatewaySettings(triton_url="localhost:1", **settings)
-    in_flight = InFlight(gateway_settings.max_in_flight)
-    routes = DirectRoutes(None, probe.routes, {}, in_flight, gateway_settings, in_flight_pause_s=0.0)
-    config = uvicorn.Config(app=probe.asgi, http=NoDelayHttpToolsProtocol, log_config=None, interface="asgi3")
-    config.load()
-    state = ServerState()
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: NoDelayHttpToolsProtocol(config=config, server_state=state, app_state={STATE_KEY: routes}),
-        "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], in_flight, state
-    finally:
-        server.close()
-
-
-def post(path: str, body: bytes, *, close: bool = False, headers: str = "") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            + headers + ("connection: close\r\n" if close else "") + "\r\n").encode() + body
-
-
-def get(path: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode()
-
-
-def answers(raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
-    """The responses in `raw`, in order: (status, headers, body); bodies by their Content-Length."""
-    out = []
-    while raw:
-        head, _, raw = raw.partition(b"\r\n\r\n")
-        lines = head.decode().split("\r\n")
-        headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines[1:])}
-        length = int(headers["content-length"])
-        out.append((int(lines[0].split()[1]), headers, raw[:length]))
-        raw = raw[length:]
-    return out
-
-
-async def exchange(port: int, data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
-    """Send `data` at once (pipelined when it holds several requests); read until the server closes."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    raw = await asyncio.wait_for(reader.read(-1), 30)
-    writer.close()
-    return answers(raw)
-
-
-async def in_turn(port: int, requests: list[bytes]) -> list[tuple[int, dict[str, str], bytes]]:
-    """Send `requests` on one keep-alive connection, each once the answer before it has come."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    out = []
-    for request in requests:
-        writer.write(request)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
-        out += answers(head + await reader.readexactly(length))
-    writer.close()
-    return out
-
-
-def access_log(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int, str]]:
-    return [(r.route, r.status, r.model) for r in caplog.records  # type: ignore[attr-defined]
-            if r.name == "gateway.access" and r.getMessage() == "request"]
-
-
-async def test_hot_posts_are_served_by_the_protocol_and_every_other_request_by_the_app(
-        caplog: pytest.LogCaptureFixture) -> None:
-    probe = Probe()
-    chunked = (b"POST /hot HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
-               b"f\r\n{\"text\": \"abc\"}\r\n0\r\n\r\n")
-    with caplog.at_level(logging.INFO, logger="gateway.access"):
-        async with protocol_server(probe, max_body_bytes=1024) as (port, _, _):
-            got = await in_turn(port, [
-                post("/hot", b'{"text": "a"}', headers="x-request-id: given-1\r\n"),
-                get("/hot"),
-                post("/hot?x=1", b'{"text": "b"}'),
-                chunked,
-                post("/other", b"{}"),
-                post("/hot", b'{"text": "' + b"x" * 1100 + b'"}'),  # over GATEWAY_MAX_BODY_BYTES: the app's 413
-                post("/hot", b'{"text": "c"}', close=True),
-            ])
-    assert [status for status, _, _ in got] == [200, 299, 299, 299, 299, 299, 200]
-    assert got[0][2] == b'{"echo":"a"}' and got[6][2] == b'{"echo":"c"}'
-    assert probe.asgi_paths == ["/hot", "/hot", "/hot", "/other", "/hot"]
-    assert got[0][1]["x-request-id"] == "given-1" and re.fullmatch(r"[0-9a-f]{32}", got[6][1]["x-request-id"])
-    assert sorted(got[0][1]) == ["content-length", "content-type", "x-request-id"]
-    assert "connection" not in got[0][1] and got[6][1]["connection"] == "close"
-    assert access_log(caplog) == [("/hot", 200, "m"), ("/hot", 200, "m")]  # the app's own answers log nothing here
-
-
-async def test_pipelined_requests_are_answered_in_order_behind_a_direct_one() -> None:
-    probe = Probe()
-    async with protocol_server(probe) as (port, _, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(post("/hot", b'{"text": "wait"}') + get("/after") + post("/hot", b'{"text": "z"}', close=True))
-        await until(probe.started.is_set, "the first request is held")
-        assert probe.asgi_paths == []  # the second waits for the first's answer, as uvicorn queues its own
-        probe.release.set()
-        got = answers(await asyncio.wait_for(reader.read(-1), 30))
-        writer.close()
-    # A request that arrives while another is being answered joins uvicorn's queue, and so goes through the app
-    assert [(s, b) for s, _, b in got] == [(200, b'{"echo":"wait"}'), (299, b"/after"), (299, b"/hot")]
-
-
-async def test_a_client_that_leaves_has_its_request_cancelled_and_logged_499(caplog: pytest.LogCaptureFixture) -> None:
-    probe = Probe()
-    with caplog.at_level(logging.INFO, logger="gateway.access"):
-        async with protocol_server(probe) as (port, in_flight, _):
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(post("/hot", b'{"text": "wait"}'))
-            await until(probe.started.is_set, "the request is being served")
-            assert in_flight.count == 1
-            writer.close()
-            await until(lambda: access_log(caplog) == [("/hot", 499, "m")], "the 499 is logged")
-    assert probe.cancelled and in_flight.count == 0
-
-
-async def test_a_graceful_shutdown_lets_the_request_finish_and_closes_the_connection() -> None:
-    probe = Probe()
-    async with protocol_server(probe) as (port, _, state):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(post("/hot", b'{"text": "wait"}'))
-        await until(probe.started.is_set, "the request is being served")
-        for connection in list(state.connections):
-            connection.shutdown()  # what uvicorn does to every connection when it is asked to stop
-        probe.release.set()
-        got = answers(await asyncio.wait_for(reader.read(-1), 30))  # the server closes after the answer
-        writer.close()
-    assert [(s, h.get("connection"), b) for s, h, b in got] == [(200, "close", b'{"echo":"wait"}')]
-
-
-async def test_errors_keep_their_shape_and_the_in_flight_bound_holds(caplog: pytest.LogCaptureFixture) -> None:
-    probe = Probe()
-    with caplog.at_level(logging.INFO, logger="gateway"):
-        async with protocol_server(probe, max_in_flight=1, api_keys=["k"]) as (port, in_flight, _):
-            key = "authorization: Bearer k\r\n"
-            got = await in_turn(port, [
-                post("/hot", b'{"text": "a"}'),  # no key
-                post("/hot", b'{"text": "fail"}', headers=key),
-                post("/hot", b'{"text": "busy"}', headers=key),
-                post("/hot", b'{"txt": 1}', headers=key),
-                post("/hot", b"not json", headers=key, close=True),
-            ])
-            in_flight.count = in_flight.limit  # the bound reached by requests in flight elsewhere on this worker
-            (full,) = await exchange(port, post("/hot", b'{"text": "a"}', headers=key, close=True))
-            in_flight.count = 0
-    assert [(s, orjson.loads(b)["error"]["type"]) for s, _, b in got] == [
-        (401, "authentication_error"), (500, "internal_error"), (503, "overloaded"), (422, "validation_error"),
-        (400, "invalid_json")]
-    assert got[0][1]["www-authenticate"] == "Bearer" and got[2][1]["retry-after"] == "2"
-    assert (full[0], orjson.loads(full[2])["error"]["type"], full[1]["retry-after"]) == (429, "rate_limited", "1")
-    failed = next(r for r in caplog.records if r.getMessage() == "unhandled error")
-    assert failed.request_id == got[1][1]["x-request-id"] and failed.exc_info is not None  # type: ignore[attr-defined]
-    assert [s for _, s, _ in access_log(caplog)] == [401, 500, 503, 422, 400, 429]
 
 
 # --- the whole gateway, direct routes on and off -----------------------------------------------------------------
@@ -269,7 +59,7 @@ async def uvicorn_gateway(triton: TritonServer, **settings: Any
     app = create_app(GatewaySettings(triton_url=triton.grpc_url, triton_http_url=triton.http_address, **settings))
     stack = SeenByStack(app.build_middleware_stack())
     app.middleware_stack = stack  # type: ignore[assignment]
-    config = uvicorn.Config(app=app, host="127.0.0.1", port=0, http=NoDelayHttpToolsProtocol, log_config=None,
+    config = uvicorn.Config(app=app, host="127.0.0.1", port=0, http=GatewayHttpProtocol, log_config=None,
                             lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve())
@@ -411,7 +201,7 @@ def _assert_the_same(runs: dict[bool, Run]) -> None:
     assert on.growth == off.growth
 
 
-async def test_the_gateway_answers_logs_and_counts_the_same_with_the_direct_routes_on_and_off(
+async def test_the_gateway_answers_logs_and_counts_the_same_through_either_transport(
         triton_server: TritonServer, python_repository: Path, caplog: pytest.LogCaptureFixture) -> None:
     runs = await _on_and_off(triton_server, caplog, REQUESTS, api_keys=["k1"], max_body_bytes=4096,
                              repository=str(python_repository), shm_prefix="gwdirect")
@@ -420,9 +210,9 @@ async def test_the_gateway_answers_logs_and_counts_the_same_with_the_direct_rout
     assert on["embed"][0] == 200 and on["no key"][0] == 401 and on["body over the limit"][0] == 413
     assert on["chunked"][0] == 200
     assert _total(runs[True].growth, "gateway_requests_total", route="/embed", status="200") == 4
-    # With them on, only what they leave to the stack reaches it: a query string, a body of no declared size,
-    # one over the limit (the stack's 413 before the body is read). Off, every POST does.
-    assert runs[True].seen == ["/embed"] * 3
+    # With it on, no POST of a route reaches the ASGI app (a query string, a chunked body and one over the limit
+    # included). Off, every POST does.
+    assert runs[True].seen == []
     assert len(runs[False].seen) == len(REQUESTS)
 
 
@@ -483,7 +273,7 @@ TEI_REQUESTS: Battery = [
     ("too long", "/tei/st/embed", {"json": {"inputs": "word " * 100, "truncate": False}, "headers": KEY}),
     ("unexpected exception", "/tei/st/embed", {"json": {"inputs": BOOM}, "headers": {**KEY, "x-request-id": "boom-1"}}),
     ("too many in flight", "/tei/st/embed", {"json": {"inputs": "x"}, "headers": KEY}),
-    # left to the ASGI stack
+    # a query string, a chunked body, one over the limit, a percent-encoded target; paths that are no route
     ("body over the limit", "/tei/st/embed", {"json": {"inputs": "y" * 5000}, "headers": KEY}),
     ("query string", "/tei/st/embed?x=1", {"json": {"inputs": "x"}, "headers": KEY}),
     ("chunked", "/tei/st/embed", {"content": [b'{"inputs": ', b'"x"}'], "headers": JSON}),
@@ -509,8 +299,7 @@ TEI_STATUS = {"no key": 401, "wrong key": 401, "unknown model": 404, "compat unk
 @contextmanager
 def in_flight_full(app: FastAPI) -> Iterator[None]:
     """The worker's in-flight bound reached, as if by requests in flight elsewhere."""
-    in_flight = next(m.kwargs["in_flight"] for m in app.user_middleware if m.cls is MaxInFlight)
-    assert isinstance(in_flight, InFlight)
+    in_flight = app.state.edge.in_flight
     in_flight.count += in_flight.limit
     try:
         yield
@@ -536,7 +325,7 @@ def st_shedding(app: FastAPI) -> Iterator[None]:
         backlog.service = measured
 
 
-async def test_tei_routes_answer_log_and_count_the_same_with_the_direct_routes_on_and_off(
+async def test_tei_routes_answer_log_and_count_the_same_through_either_transport(
         peer_server: TritonServer, peer_repository: Path, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
     not_empty = tei._not_empty
@@ -566,11 +355,10 @@ async def test_tei_routes_answer_log_and_count_the_same_with_the_direct_routes_o
     assert logged["no key"][2:5] == ("/tei/{model}/embed", "", 401)
     assert _total(on.growth, "gateway_tokens_total", route="/tei/{model}/embed", model="st") > 0
     assert _total(on.growth, "gateway_tokens_total", route="/tei/{model}/v1/embeddings", model="st") > 0
-    # With them on, only what they leave to the stack reaches it: a body over the limit, a query string, a body of
-    # no declared size, a percent-encoded target, and paths that are no POST route of /tei/{model}.
+    # With it on, only paths that are no POST route of /tei/{model} reach the ASGI app.
     assert logged["vertex"][2:5] == ("/tei/{model}/vertex", "st", 200)
     assert _total(on.growth, "gateway_inputs_per_request_sum", route="/tei/{model}/vertex") == 3  # both instances
-    assert on.seen == ["/tei/st/embed"] * 4 + ["/tei/st/embed/", "/tei/st/nothing"]
+    assert on.seen == ["/tei/st/embed/", "/tei/st/nothing"]
     assert len(runs[False].seen) == len(TEI_REQUESTS)
 
 
@@ -580,4 +368,4 @@ async def test_the_setting_and_tracing_decide_whether_the_protocol_gets_them(
     provider = TracerProvider() if traced else None  # tracing on: FastAPI makes each request's server span
     app = create_app(GatewaySettings(triton_url=triton_server.grpc_url, triton_http_url=triton_server.http_address, direct_routes=setting), tracer_provider=provider)
     async with app.router.lifespan_context(app) as state:
-        assert isinstance(state[STATE_KEY], DirectRoutes) is served
+        assert isinstance(state[EDGE_KEY], Edge) is served
