@@ -14,7 +14,6 @@ import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from contract import TruncationDirection
 from gateway.api.cohere_schemas import (
     CohereEmbedV2Request,
     CohereEmbedV2Response,
@@ -23,10 +22,8 @@ from gateway.api.cohere_schemas import (
 )
 from gateway.api.responses import OrjsonResponse, base64_rows
 from gateway.api.route_table import runs
-from gateway.api.routes import _ERRORS, request_id_of, services
+from gateway.api.routes import _ERRORS, count_tokens, request_id_of, services
 from gateway.errors import ErrorType, invalid
-from gateway.metrics import TOKENS
-from gateway.service.prompts import Prompt
 from gateway.service.registry import ServedModel
 
 cohere = APIRouter(responses=_ERRORS, tags=["cohere"])
@@ -75,14 +72,10 @@ async def cohere_embed_route(body: CohereEmbedV2Request, request: Request) -> Re
     embed = services(request).embed
     model = await embed.model(request.state, body.model, "embed")
     _refuse_unsupported(body, model)
-    texts = body.texts or []
-    direction: TruncationDirection = "left" if body.truncate == "START" else "right"
-    result = await embed.embed(
-        request.state, model, texts, prompt=Prompt(input_type=body.input_type, cohere=True), normalize=True,
-        dimensions=body.output_dimension, truncate=body.truncate != "NONE", direction=direction)
-    TOKENS.labels("/v2/embed", result.model).inc(result.tokens)
+    result = await embed.embed(request.state, model, body.to_query())
+    count_tokens(request, result.model, result.tokens)
     embeddings = _embeddings(result.vectors, set(body.embedding_types or ["float"]))
-    return OrjsonResponse({"id": request_id_of(request), "embeddings": embeddings, "texts": texts,
+    return OrjsonResponse({"id": request_id_of(request), "embeddings": embeddings, "texts": body.texts or [],
                            "meta": _meta(result.tokens), "response_type": "embeddings_by_type"})
 
 
@@ -90,9 +83,8 @@ async def cohere_embed_route(body: CohereEmbedV2Request, request: Request) -> Re
 @runs("rerank")
 async def cohere_rerank_route(body: CohereRerankV2Request, request: Request) -> Response:
     """Cohere v2 rerank: `results` sorted by relevance_score, best first, `top_n` of them."""
-    result = await services(request).rerank.rerank(request.state, body.model, body.query, body.documents,
-                                                   top_n=body.top_n)
-    TOKENS.labels("/v2/rerank", result.model).inc(result.tokens)
+    result = await services(request).rerank.rerank(request.state, body.model, body.to_query())
+    count_tokens(request, result.model, result.tokens)
     scores = result.scores
     return OrjsonResponse({"id": request_id_of(request),
                            "results": [{"index": i, "relevance_score": scores[i]} for i in result.order],

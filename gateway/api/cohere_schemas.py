@@ -12,6 +12,9 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.api.schemas import FloatMatrix, Text
+from gateway.service.embed import EmbedQuery
+from gateway.service.prompts import Prompt
+from gateway.service.rerank import RerankQuery
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
@@ -57,6 +60,12 @@ class CohereEmbedV2Request(_CohereRequest):
             raise ValueError("texts: field required")
         return self
 
+    def to_query(self) -> EmbedQuery:
+        """Unit-length vectors (Cohere's are)."""
+        return EmbedQuery(self.texts or [], prompt=Prompt(input_type=self.input_type, cohere=True), normalize=True,
+                          dimensions=self.output_dimension, truncate=self.truncate != "NONE",
+                          direction="left" if self.truncate == "START" else "right")
+
 
 class CohereEmbeddings(_CohereResponse):
     """The requested embedding types only, one entry per text each."""
@@ -101,6 +110,9 @@ class CohereRerankV2Request(_CohereRequest):
     documents: Annotated[list[Text], Field(min_length=1)] = Field(
         description="The texts to rank.", examples=[["Deep learning is ...", "Paris is ..."]])
     top_n: int | None = Field(None, ge=1, description="Return the best N only (default: all).", examples=[3])
+
+    def to_query(self) -> RerankQuery:
+        return RerankQuery(self.query, self.documents, top_n=self.top_n)
 
 
 class CohereRerankV2Result(_CohereResponse):

@@ -30,11 +30,11 @@ from gateway.api.schemas import (
     RerankRequest,
     Token,
     TokenizeRequest,
+    texts_of,
 )
 from gateway.metrics import TOKENS, render_latest
 from gateway.service.catalog import CatalogService
 from gateway.service.embed import EmbedService
-from gateway.service.prompts import Prompt
 from gateway.service.registry import ServedModel
 from gateway.service.services import Services
 
@@ -52,28 +52,21 @@ def services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
-def texts_of(inputs: str | list[str]) -> list[str]:
-    return [inputs] if isinstance(inputs, str) else inputs
-
-
 def request_id_of(request: Request) -> str:
     return getattr(request.state, "request_id", "") or ""
+
+
+def count_tokens(request: Request, model: str, tokens: int) -> None:
+    """Bill `tokens` of `model` to the request's route (its template, /tei/{model}/embed)."""
+    TOKENS.labels(request.scope["route"].path, model).inc(tokens)
 
 
 @api.post("/classify", response_class=OrjsonResponse, responses={200: {"model": ClassifyResponse}})
 @runs("classify")
 async def classify_route(body: ClassifyRequest, request: Request) -> Response:
     """Classify one text, a list, or a list of [text, text_pair] pairs; one prediction per input, in order."""
-    raw = body.inputs
-    if isinstance(raw, list) and raw and isinstance(raw[0], list):
-        pairs = cast(list[list[str]], raw)
-        texts, second = [p[0] for p in pairs], [p[1] for p in pairs]
-    else:
-        texts, second = texts_of(cast(str | list[str], raw)), None
-    result = await services(request).classify.classify(
-        request.state, body.model, texts, second, truncate=body.truncate, direction=body.truncation_direction,
-        backend=body.backend)
-    TOKENS.labels("/classify", result.model).inc(result.tokens)
+    result = await services(request).classify.classify(request.state, body.model, body.to_query())
+    count_tokens(request, result.model, result.tokens)
     return OrjsonResponse({"model": result.model, "predictions": result.predictions,
                            "usage": {"tokens": result.tokens}})
 
@@ -82,10 +75,8 @@ async def classify_route(body: ClassifyRequest, request: Request) -> Response:
 @runs("embed")
 async def embed_route(body: EmbedRequest, request: Request) -> Response:
     """Embed one text or a list; one vector per input, in order."""
-    result = await services(request).embed.embed(
-        request.state, body.model, texts_of(body.inputs), prompt=Prompt(body.prompt_name), normalize=body.normalize,
-        dimensions=body.dimensions, truncate=body.truncate, direction=body.truncation_direction, backend=body.backend)
-    TOKENS.labels("/embed", result.model).inc(result.tokens)
+    result = await services(request).embed.embed(request.state, body.model, body.to_query())
+    count_tokens(request, result.model, result.tokens)
     vectors = result.vectors
     return OrjsonResponse({"model": result.model, "embeddings": vectors, "dimensions": int(vectors.shape[1]),
                            "usage": {"tokens": result.tokens}})
@@ -97,22 +88,15 @@ async def openai_embeddings_route(body: OpenAIEmbeddingRequest, request: Request
     """OpenAI-compatible embeddings (normalized, as OpenAI's are)."""
     embed = services(request).embed
     model = await embed.model(request.state, body.model, "embed")  # first: token ids are read by its tokenizer
-    return await openai_embeddings(request, embed, model, body, "/v1/embeddings")
+    return await openai_embeddings(request, embed, model, body)
 
 
 async def openai_embeddings(request: Request, embed: EmbedService, model: ServedModel, body: OpenAIEmbeddingRequest,
-                            route: str, *, cut: bool = False) -> Response:
+                            *, cut: bool = False) -> Response:
     """The OpenAI embeddings answer of `body` by `model` (this /v1/embeddings, TEI's under /tei/{model});
     `cut`: texts over the character limit are cut there instead of refused."""
-    raw, prompt = body.input, Prompt(input_type=body.input_type)
-    if isinstance(raw, list) and raw and isinstance(raw[0], (int, list)):
-        rows = [cast(list[int], raw)] if isinstance(raw[0], int) else cast(list[list[int]], raw)
-        result = await embed.embed(request.state, model, [], token_ids=rows, prompt=prompt, normalize=True,
-                                   dimensions=body.dimensions)
-    else:
-        result = await embed.embed(request.state, model, texts_of(cast(str | list[str], raw)), prompt=prompt,
-                                   normalize=True, dimensions=body.dimensions, cut=cut)
-    TOKENS.labels(route, result.model).inc(result.tokens)
+    result = await embed.embed(request.state, model, body.to_query(cut))
+    count_tokens(request, result.model, result.tokens)
     vectors = result.vectors
     if body.encoding_format == "base64":
         data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(base64_rows(vectors))]
@@ -128,10 +112,8 @@ async def openai_embeddings(request: Request, embed: EmbedService, model: Served
 async def rerank_route(body: RerankRequest, request: Request) -> Response:
     """Score every text against the query with a cross-encoder; results sorted by score, best first
     (text-embeddings-inference's shape)."""
-    result = await services(request).rerank.rerank(
-        request.state, body.model, body.query, body.texts, raw_scores=body.raw_scores, truncate=body.truncate,
-        direction=body.truncation_direction, backend=body.backend)
-    TOKENS.labels("/rerank", result.model).inc(result.tokens)
+    result = await services(request).rerank.rerank(request.state, body.model, body.to_query())
+    count_tokens(request, result.model, result.tokens)
     scores, texts = result.scores, body.texts
     if body.return_text:
         return OrjsonResponse([{"index": i, "score": scores[i], "text": texts[i]} for i in result.order])
@@ -142,10 +124,9 @@ async def rerank_route(body: RerankRequest, request: Request) -> Response:
 @runs("rerank")
 async def cohere_rerank_route(body: CohereRerankRequest, request: Request) -> Response:
     """Cohere/Jina-style rerank: `results` sorted by relevance_score, best first, `top_n` of them."""
-    texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    result = await services(request).rerank.rerank(request.state, body.model, body.query, texts, top_n=body.top_n)
-    TOKENS.labels("/v1/rerank", result.model).inc(result.tokens)
-    scores = result.scores
+    result = await services(request).rerank.rerank(request.state, body.model, body.to_query())
+    count_tokens(request, result.model, result.tokens)
+    scores, texts = result.scores, body.texts
     results: list[dict[str, Any]] = []
     for i in result.order:
         item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}

@@ -1,19 +1,28 @@
-"""Request and response models of the HTTP API (pydantic v2)."""
+"""Request and response models of the HTTP API (pydantic v2). A request model turns itself into its service's
+arguments (`to_query()`), so that a service is called the same way from every API that offers it."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, TypeAdapter, WithJsonSchema
 
 from contract import ApiBackend as Backend
 from contract import OnnxAccelerator
+from gateway.service.classify import ClassifyQuery
+from gateway.service.embed import EmbedQuery
+from gateway.service.prompts import Prompt
+from gateway.service.rerank import RerankQuery
 
 Text = Annotated[str, Field(min_length=1)]
 Inputs = Annotated[
     Text | Annotated[list[Text], Field(min_length=1)], Field(description="One non-empty text or a non-empty list.")
 ]
+
+
+def texts_of(inputs: str | list[str]) -> list[str]:
+    return [inputs] if isinstance(inputs, str) else inputs
 
 
 _FLOAT_ROWS: TypeAdapter[list[list[float]]] = TypeAdapter(list[list[float]])
@@ -71,6 +80,15 @@ class ClassifyRequest(_Request):
     truncation_direction: Direction = "right"
     backend: Backend | None = Field(None, description="Force a backend; default TensorRT when built.")
 
+    def to_query(self) -> ClassifyQuery:
+        raw = self.inputs
+        if isinstance(raw, list) and raw and isinstance(raw[0], list):
+            pairs = cast(list[list[str]], raw)
+            texts, second = [p[0] for p in pairs], [p[1] for p in pairs]
+        else:
+            texts, second = texts_of(cast(str | list[str], raw)), None
+        return ClassifyQuery(texts, second, self.truncate, self.truncation_direction, self.backend)
+
 
 class Prediction(BaseModel):
     label: str
@@ -104,6 +122,11 @@ class EmbedRequest(_Request):
         "dimensions; GET /v1/models lists them).", examples=[64])
     backend: Backend | None = None
 
+    def to_query(self) -> EmbedQuery:
+        return EmbedQuery(texts_of(self.inputs), prompt=Prompt(self.prompt_name), normalize=self.normalize,
+                          dimensions=self.dimensions, truncate=self.truncate, direction=self.truncation_direction,
+                          backend=self.backend)
+
 
 class EmbedResponse(BaseModel):
     model: str
@@ -128,6 +151,10 @@ class RerankRequest(_Request):
     backend: Backend | None = Field(None, description="Force a backend; default TensorRT when built.",
                                     examples=["onnx"])
 
+    def to_query(self) -> RerankQuery:
+        return RerankQuery(self.query, self.texts, raw_scores=self.raw_scores, truncate=self.truncate,
+                           direction=self.truncation_direction, backend=self.backend)
+
 
 class Rank(BaseModel):
     index: int = Field(description="Position of the text in the request.", examples=[1])
@@ -151,6 +178,13 @@ class CohereRerankRequest(BaseModel):
     top_n: int | None = Field(None, ge=1, description="Return the best N only (default: all).", examples=[3])
     return_documents: bool = Field(True, description="Include each document's text in its result.",
                                    examples=[False])
+
+    @property
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+    def to_query(self) -> RerankQuery:
+        return RerankQuery(self.query, self.texts, top_n=self.top_n)
 
 
 class RerankResult(BaseModel):
@@ -222,6 +256,15 @@ class OpenAIEmbeddingRequest(BaseModel):
         None, description="NVIDIA NIM style: applies the model's `query` or `passage` prompt (text input only).",
         examples=["query"])
     user: str | None = None
+
+    def to_query(self, cut: bool = False) -> EmbedQuery:
+        """Normalized vectors (OpenAI's are); `cut`: texts over the character limit are cut there, not refused."""
+        raw, prompt = self.input, Prompt(input_type=self.input_type)
+        if isinstance(raw, list) and raw and isinstance(raw[0], (int, list)):
+            rows = [cast(list[int], raw)] if isinstance(raw[0], int) else cast(list[list[int]], raw)
+            return EmbedQuery([], token_ids=rows, prompt=prompt, normalize=True, dimensions=self.dimensions)
+        return EmbedQuery(texts_of(cast(str | list[str], raw)), prompt=prompt, normalize=True,
+                          dimensions=self.dimensions, cut=cut)
 
 
 class OpenAIEmbedding(BaseModel):

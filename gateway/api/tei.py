@@ -26,14 +26,15 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from contract import TOKEN_EMBEDDINGS, Task, TruncationDirection
+from contract import TOKEN_EMBEDDINGS, Task
 from gateway.api.responses import OrjsonResponse
 from gateway.api.route_table import runs
-from gateway.api.routes import openai_embeddings, services, texts_of
+from gateway.api.routes import count_tokens, openai_embeddings, services, texts_of
 from gateway.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from gateway.api.tei_errors import TEI_OPENAI_ROUTES, TEI_PREFIX
 from gateway.api.tei_schemas import (
     TEI_VERSION,
+    direction,
     TeiClassifierModel,
     TeiClassifierType,
     TeiDecodeRequest,
@@ -54,7 +55,6 @@ from gateway.api.tei_schemas import (
     TeiRerankerType,
     TeiRerankRequest,
     TeiRerankResponse,
-    TeiSimilarityParameters,
     TeiSimilarityRequest,
     TeiSimilarityResponse,
     TeiTokenizeRequest,
@@ -64,8 +64,6 @@ from gateway.api.tei_schemas import (
 )
 from gateway.api.vectors import sparse_json
 from gateway.errors import ErrorType, GatewayError, invalid
-from gateway.metrics import TOKENS
-from gateway.service.prompts import Prompt
 from gateway.service.registry import ServedModel
 from gateway.service.services import Services
 from gateway.settings import GatewaySettings
@@ -91,34 +89,18 @@ async def _served(request: Request, name: str, task: Task | None = None) -> tupl
     return tasks, await tasks.catalog.model(request.state, name, task)
 
 
-def _route(request: Request) -> str:
-    """The route's path template (/tei/{model}/embed), the label of its metrics."""
-    return getattr(request.scope.get("route"), "path", request.url.path)
-
-
-def _count_tokens(request: Request, model: ServedModel, tokens: int) -> None:
-    TOKENS.labels(_route(request), model.name).inc(tokens)
-
-
 def _not_empty(texts: list[str], field: str) -> None:
     """TEI's `Empty` (400) for an empty list or an empty text."""
     if not texts or not all(texts):
         raise invalid(f"`{field}` cannot be empty", type=ErrorType.EMPTY_INPUT)
 
 
-def _direction(value: str) -> TruncationDirection:
-    return "left" if value.lower() == "left" else "right"
-
-
 # --- embed -----------------------------------------------------------------------------------------
 async def _embed(request: Request, tasks: Services, model: ServedModel, body: TeiEmbedRequest) -> Response:
-    texts = texts_of(body.inputs)
-    _not_empty(texts, "inputs")
-    truncate = body.truncate is not False
-    result = await tasks.embed.embed(
-        request.state, model, texts, prompt=Prompt(body.prompt_name), normalize=body.normalize,
-        dimensions=body.dimensions, truncate=truncate, direction=_direction(body.truncation_direction), cut=truncate)
-    _count_tokens(request, model, result.tokens)
+    query = body.to_query()
+    _not_empty(query.texts, "inputs")
+    result = await tasks.embed.embed(request.state, model, query)
+    count_tokens(request, model.name, result.tokens)
     return OrjsonResponse(result.vectors)
 
 
@@ -140,7 +122,7 @@ async def tei_openai_embeddings_route(model: ModelName, body: OpenAIEmbeddingReq
     path's model, whatever `model` says (TEI serves one model and takes any); texts over the model's limits are
     truncated, as TEI's auto_truncate does. Errors in TEI's OpenAI shape, `{message, code, type}`."""
     tasks, served = await _served(request, model, "embed")
-    return await openai_embeddings(request, tasks.embed, served, body, _route(request), cut=True)
+    return await openai_embeddings(request, tasks.embed, served, body, cut=True)
 
 
 for _path in TEI_OPENAI_ROUTES:
@@ -155,8 +137,8 @@ async def _embed_sparse(request: Request, tasks: Services, model: ServedModel, b
     _not_empty(texts, "inputs")
     result = await tasks.sparse.embed_sparse(
         request.state, model.name, texts, prompt_name=body.prompt_name, truncate=body.truncate is not False,
-        direction=_direction(body.truncation_direction))
-    _count_tokens(request, model, result.tokens)
+        direction=direction(body.truncation_direction))
+    count_tokens(request, model.name, result.tokens)
     return OrjsonResponse(sparse_json(result.vectors))
 
 
@@ -177,22 +159,18 @@ async def tei_embed_all_route(model: ModelName, body: TeiEmbedAllRequest, reques
     tasks, served = await _served(request, model)
     result = await tasks.multi_vector.embed_tokens(
         request.state, TOKEN_EMBEDDINGS, served.name, texts, prompt_name=body.prompt_name,
-        truncate=body.truncate is not False, direction=_direction(body.truncation_direction))
-    _count_tokens(request, served, result.tokens)
+        truncate=body.truncate is not False, direction=direction(body.truncation_direction))
+    count_tokens(request, served.name, result.tokens)
     return OrjsonResponse(result.vectors)
 
 
 async def _similarity(request: Request, tasks: Services, model: ServedModel, body: TeiSimilarityRequest) -> Response:
     if not body.inputs.sentences:
         raise invalid("`inputs.sentences` cannot be empty", type=ErrorType.EMPTY_INPUT)
-    texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    _not_empty(texts, "inputs")
-    p = body.parameters or TeiSimilarityParameters()
-    truncate = p.truncate is not False
-    result = await tasks.embed.embed(
-        request.state, model, texts, prompt=Prompt(p.prompt_name), normalize=True, truncate=truncate,
-        direction=_direction(p.truncation_direction), cut=truncate)
-    _count_tokens(request, model, result.tokens)
+    query = body.to_query()
+    _not_empty(query.texts, "inputs")
+    result = await tasks.embed.embed(request.state, model, query)
+    count_tokens(request, model.name, result.tokens)
     return OrjsonResponse(result.vectors[1:] @ result.vectors[0])  # unit vectors: the dot product is the cosine
 
 
@@ -206,31 +184,17 @@ async def tei_similarity_route(model: ModelName, body: TeiSimilarityRequest, req
 
 
 # --- predict ---------------------------------------------------------------------------------------
-def _predict_inputs(body: TeiPredictRequest) -> tuple[list[str], list[str] | None, bool]:
-    """TEI's predict input as texts and (for pairs) second texts, and whether it was a single input (not a batch)."""
-    raw = body.inputs
-    single = isinstance(raw, str) or isinstance(raw[0], str)
-    rows = [[raw]] if isinstance(raw, str) else [cast(list[str], raw)] if single else cast(list[list[str]], raw)
-    if len({len(r) for r in rows}) > 1:
-        raise invalid("a batch mixes single texts and pairs: send all [text] or all [text, text_pair]")
-    firsts, seconds = [r[0] for r in rows], [r[1] for r in rows if len(r) == 2]
-    _not_empty(firsts + seconds, "inputs")
-    return firsts, seconds or None, single
-
-
 async def _predict(request: Request, tasks: Services, model: ServedModel, body: TeiPredictRequest, *,
                    nested: bool = False) -> Response:
-    truncate = body.truncate is not False
-    texts, pairs, single = _predict_inputs(body)
-    result = await tasks.classify.classify(
-        request.state, model, texts, pairs, truncate=truncate, direction=_direction(body.truncation_direction),
-        raw_scores=body.raw_scores, cut=truncate)
-    _count_tokens(request, model, result.tokens)
+    query = body.to_query()
+    _not_empty(query.texts + (query.pairs or []), "inputs")
+    result = await tasks.classify.classify(request.state, model, query)
+    count_tokens(request, model.name, result.tokens)
     rows = [
         [{"score": score, "label": label} for label, score in sorted(p["scores"].items(), key=lambda s: -s[1])]
         for p in result.predictions
     ]
-    return OrjsonResponse(rows[0] if single and not nested else rows)
+    return OrjsonResponse(rows[0] if body.single and not nested else rows)
 
 
 @tei.post("/predict", response_class=OrjsonResponse, responses={200: {"model": TeiPredictResponse}})
@@ -246,11 +210,8 @@ async def tei_predict_route(model: ModelName, body: TeiPredictRequest, request: 
 async def _rerank(request: Request, tasks: Services, model: ServedModel, body: TeiRerankRequest) -> Response:
     _not_empty(body.texts, "texts")
     _not_empty([body.query], "query")
-    truncate = body.truncate is not False
-    result = await tasks.rerank.rerank(
-        request.state, model, body.query, body.texts, raw_scores=body.raw_scores, truncate=truncate,
-        direction=_direction(body.truncation_direction), cut=truncate)
-    _count_tokens(request, model, result.tokens)
+    result = await tasks.rerank.rerank(request.state, model, body.to_query())
+    count_tokens(request, model.name, result.tokens)
     scores = result.scores
     if body.return_text:
         return OrjsonResponse([{"index": i, "text": body.texts[i], "score": scores[i]} for i in result.order])

@@ -7,11 +7,17 @@ body `{"error", "error_type"}`. As in TEI, unknown request fields are ignored; f
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from gateway.api.schemas import FloatMatrix, Token
+from contract import TruncationDirection
+from gateway.api.schemas import FloatMatrix, Token, texts_of
+from gateway.errors import invalid
+from gateway.service.classify import ClassifyQuery
+from gateway.service.embed import EmbedQuery
+from gateway.service.prompts import Prompt
+from gateway.service.rerank import RerankQuery
 
 TEI_VERSION = "1.9.3"  # the TEI release whose HTTP API these models follow; /info reports it as `version`
 
@@ -57,6 +63,10 @@ PredictInputs = Annotated[
 TokenId = Annotated[int, Field(ge=0)]
 
 
+def direction(value: str) -> TruncationDirection:
+    return "left" if value.lower() == "left" else "right"
+
+
 class TeiEmbedRequest(_TeiRequest):
     """`POST /tei/{model}/embed`, and `POST /tei/{model}` for an embedding model."""
 
@@ -68,6 +78,13 @@ class TeiEmbedRequest(_TeiRequest):
     dimensions: int | None = Field(
         None, ge=1, description="Keep the first N components, then normalize: one of the dimensions the model "
         "was built for (GET /v1/models lists them).", examples=[16])
+
+    def to_query(self) -> EmbedQuery:
+        """TEI truncates (and cuts texts over the character limit) unless `truncate` is false."""
+        truncate = self.truncate is not False
+        return EmbedQuery(texts_of(self.inputs), prompt=Prompt(self.prompt_name), normalize=self.normalize,
+                          dimensions=self.dimensions, truncate=truncate, direction=direction(self.truncation_direction),
+                          cut=truncate)
 
 
 class TeiPredictRequest(_TeiRequest):
@@ -82,6 +99,21 @@ class TeiPredictRequest(_TeiRequest):
         "`text_classification` sends them): their values are ignored. On `POST /tei/{model}` a request that has "
         "them gets that API's answer, one list of predictions per input.", examples=[{}])
 
+    @property
+    def single(self) -> bool:
+        """One input (a text or a pair), not a batch."""
+        return isinstance(self.inputs, str) or isinstance(self.inputs[0], str)
+
+    def to_query(self) -> ClassifyQuery:
+        """Texts and, for pairs, second texts; a 400 for a batch that mixes both."""
+        raw = self.inputs
+        rows = [[raw]] if isinstance(raw, str) else [cast(list[str], raw)] if self.single else cast(list[list[str]], raw)
+        if len({len(r) for r in rows}) > 1:
+            raise invalid("a batch mixes single texts and pairs: send all [text] or all [text, text_pair]")
+        truncate = self.truncate is not False
+        return ClassifyQuery([r[0] for r in rows], [r[1] for r in rows if len(r) == 2] or None, truncate,
+                             direction(self.truncation_direction), raw_scores=self.raw_scores, cut=truncate)
+
 
 class TeiRerankRequest(_TeiRequest):
     """`POST /tei/{model}/rerank`, and `POST /tei/{model}` for a reranker."""
@@ -93,6 +125,11 @@ class TeiRerankRequest(_TeiRequest):
     truncation_direction: Direction = "right"
     raw_scores: bool = Field(False, description="The model's logit instead of its score.", examples=[False])
     return_text: bool = Field(False, description="Repeat each text in its result.", examples=[True])
+
+    def to_query(self) -> RerankQuery:
+        truncate = self.truncate is not False
+        return RerankQuery(self.query, self.texts, raw_scores=self.raw_scores, truncate=truncate,
+                           direction=direction(self.truncation_direction), cut=truncate)
 
 
 class TeiEmbedSparseRequest(_TeiRequest):
@@ -127,6 +164,13 @@ class TeiSimilarityRequest(_TeiRequest):
 
     inputs: TeiSimilarityInput
     parameters: TeiSimilarityParameters | None = None
+
+    def to_query(self) -> EmbedQuery:
+        """The source sentence first, then the sentences, as unit vectors."""
+        p = self.parameters or TeiSimilarityParameters()
+        truncate = p.truncate is not False
+        return EmbedQuery([self.inputs.source_sentence, *self.inputs.sentences], prompt=Prompt(p.prompt_name),
+                          normalize=True, truncate=truncate, direction=direction(p.truncation_direction), cut=truncate)
 
 
 class TeiTokenizeRequest(_TeiRequest):

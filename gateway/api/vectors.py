@@ -8,9 +8,8 @@ from starlette.responses import Response
 
 from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS
 from gateway.api.responses import OrjsonResponse
-from gateway.api.routes import _ERRORS, services, texts_of
+from gateway.api.routes import _ERRORS, count_tokens, services, texts_of
 from gateway.api.schemas import EmbedAllRequest, EmbedSparseRequest, SparseValue
-from gateway.metrics import TOKENS
 from gateway.service.sparse import SparseVector
 
 vectors = APIRouter(responses={**_ERRORS, 424: _ERRORS[404]})
@@ -24,7 +23,7 @@ async def embed_sparse_route(body: EmbedSparseRequest, request: Request) -> Resp
     result = await services(request).sparse.embed_sparse(
         request.state, body.model, texts_of(body.inputs), prompt_name=body.prompt_name, truncate=body.truncate,
         direction=body.truncation_direction, backend=body.backend)
-    TOKENS.labels("/embed_sparse", result.model).inc(result.tokens)
+    count_tokens(request, result.model, result.tokens)
     return OrjsonResponse(sparse_json(result.vectors))
 
 
@@ -34,11 +33,11 @@ def sparse_json(vectors: list[SparseVector]) -> list[list[dict[str, int | float]
             for indices, values in vectors]
 
 
-async def _per_token(request: Request, body: EmbedAllRequest, output: str, route: str) -> Response:
+async def _per_token(request: Request, body: EmbedAllRequest, output: str) -> Response:
     result = await services(request).multi_vector.embed_tokens(
         request.state, output, body.model, texts_of(body.inputs), prompt_name=body.prompt_name,
         truncate=body.truncate, direction=body.truncation_direction, backend=body.backend)
-    TOKENS.labels(route, result.model).inc(result.tokens)
+    count_tokens(request, result.model, result.tokens)
     return OrjsonResponse(result.vectors)
 
 
@@ -46,7 +45,7 @@ async def _per_token(request: Request, body: EmbedAllRequest, output: str, route
 async def embed_all_route(body: EmbedAllRequest, request: Request) -> Response:
     """The encoder's last hidden state for every token of each input's truncated encoding (special tokens
     included, not normalized): `[[[float] per token] per input]`, text-embeddings-inference's shape."""
-    return await _per_token(request, body, TOKEN_EMBEDDINGS, "/embed_all")
+    return await _per_token(request, body, TOKEN_EMBEDDINGS)
 
 
 @vectors.post("/embed_multi_vector", response_class=OrjsonResponse,
@@ -54,4 +53,4 @@ async def embed_all_route(body: EmbedAllRequest, request: Request) -> Response:
 async def embed_multi_vector_route(body: EmbedAllRequest, request: Request) -> Response:
     """ColBERT vectors (models with bge-m3's colbert_linear.pt): normalize(colbert_linear(hidden)) for every
     token but the first (CLS), `[[[float] per token] per input]`, as FlagEmbedding's colbert_vecs."""
-    return await _per_token(request, body, COLBERT_VECTORS, "/embed_multi_vector")
+    return await _per_token(request, body, COLBERT_VECTORS)

@@ -50,6 +50,19 @@ async def classify(
 
 
 @dataclass(frozen=True, slots=True)
+class ClassifyQuery:
+    """What to classify and how: the arguments every API's classify request turns itself into (`query()`)."""
+
+    texts: list[str]
+    pairs: list[str] | None = None  # the second text of each pair
+    truncate: bool = True
+    direction: TruncationDirection = "right"
+    backend: Backend | None = None
+    raw_scores: bool = False  # the logits, not the softmax
+    cut: bool = False  # texts over the character limit are cut there instead of refused (413)
+
+
+@dataclass(frozen=True, slots=True)
 class Classification:
     model: str
     predictions: list[dict[str, Any]]  # {label, score, scores} per input, in order
@@ -59,14 +72,10 @@ class Classification:
 class ClassifyService(Service):
     """Classification of texts or text pairs (/classify, TEI's /predict)."""
 
-    async def classify(
-        self, call: Call, model: ModelRef, texts: list[str], pairs: list[str] | None = None, *, truncate: bool = True,
-        direction: TruncationDirection = "right", backend: Backend | None = None, raw_scores: bool = False,
-        cut: bool = False,
-    ) -> Classification:
-        """One prediction per text (or pair texts[i], pairs[i]), in order. `cut`: texts over the character limit
-        are cut there instead of refused (413)."""
-        if cut:
+    async def classify(self, call: Call, model: ModelRef, query: ClassifyQuery) -> Classification:
+        """One prediction per text (or pair texts[i], pairs[i]), in order."""
+        texts, pairs, direction = query.texts, query.pairs, query.direction
+        if query.cut:
             texts = self.cut(texts, direction)
             pairs = self.cut(pairs, direction) if pairs is not None else None
         self.check_texts(call, texts, pairs or [])
@@ -74,6 +83,6 @@ class ClassifyService(Service):
         check_pairs(served, pairs is not None)
         inputs = Inputs(texts, pairs, direction)
         preds, tokens = await self.within_deadline(lambda deadline: classify(
-            self.inference, served, inputs, truncate=truncate, backend=backend, deadline=deadline,
-            raw_scores=raw_scores))
+            self.inference, served, inputs, truncate=query.truncate, backend=query.backend, deadline=deadline,
+            raw_scores=query.raw_scores))
         return Classification(served.name, preds, tokens)

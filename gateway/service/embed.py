@@ -35,6 +35,21 @@ def check_dimensions(model: ServedModel, dimensions: int | None) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbedQuery:
+    """What to embed and how: the arguments every API's embed request turns itself into (`query()`)."""
+
+    texts: list[str]
+    token_ids: list[list[int]] | None = None  # the model's own ids without special tokens, instead of texts
+    prompt: Prompt = DEFAULT_PROMPT
+    normalize: bool | None = None  # None: as the model was trained
+    dimensions: int | None = None
+    truncate: bool = True
+    direction: TruncationDirection = "right"
+    backend: Backend | None = None
+    cut: bool = False  # texts over the character limit are cut there instead of refused (413)
+
+
+@dataclass(frozen=True, slots=True)
 class Embeddings:
     model: str
     vectors: np.ndarray  # [n, dimensions] float32, in input order
@@ -44,27 +59,23 @@ class Embeddings:
 class EmbedService(Service):
     """Embeddings of texts or token ids (/embed, /v1/embeddings, /v2/embed, TEI's /embed)."""
 
-    async def embed(
-        self, call: Call, model: ModelRef, texts: list[str], *, token_ids: list[list[int]] | None = None,
-        prompt: Prompt = DEFAULT_PROMPT, normalize: bool | None = None, dimensions: int | None = None,
-        truncate: bool = True, direction: TruncationDirection = "right", backend: Backend | None = None,
-        cut: bool = False,
-    ) -> Embeddings:
-        """One vector per text (or per row of `token_ids`, the model's own ids without special tokens), in order.
-        `cut`: texts over the character limit are cut there instead of refused (413)."""
-        if token_ids is not None:
-            self.check_count(call, len(token_ids))
+    async def embed(self, call: Call, model: ModelRef, query: EmbedQuery) -> Embeddings:
+        """One vector per text (or per row of token ids), in order."""
+        texts = query.texts
+        if query.token_ids is not None:
+            self.check_count(call, len(query.token_ids))
         else:
-            if cut:
-                texts = self.cut(texts, direction)
+            if query.cut:
+                texts = self.cut(texts, query.direction)
             self.check_texts(call, texts)
         served = await self.model(call, model, "embed")
-        given = self._token_inputs(served, token_ids, prompt) if token_ids is not None else None
-        width = check_dimensions(served, dimensions)
-        inputs = given if given is not None else Inputs(with_prompt(texts, prompt.prefix(served)), None, direction)
+        given = self._token_inputs(served, query.token_ids, query.prompt) if query.token_ids is not None else None
+        width = check_dimensions(served, query.dimensions)
+        inputs = given if given is not None else Inputs(with_prompt(texts, query.prompt.prefix(served)), None,
+                                                        query.direction)
         vectors, tokens = await self.within_deadline(lambda deadline: embed(
-            self.inference, served, inputs, normalize=normalize, dimensions=width, truncate=truncate, backend=backend,
-            deadline=deadline))
+            self.inference, served, inputs, normalize=query.normalize, dimensions=width, truncate=query.truncate,
+            backend=query.backend, deadline=deadline))
         return Embeddings(served.name, vectors, tokens)
 
     def _token_inputs(self, model: ServedModel, rows: list[list[int]], prompt: Prompt) -> Inputs:

@@ -41,6 +41,20 @@ def ranking(scores: np.ndarray, top_n: int | None = None) -> list[int]:
 
 
 @dataclass(frozen=True, slots=True)
+class RerankQuery:
+    """What to rank and how: the arguments every API's rerank request turns itself into (`query()`)."""
+
+    query: str
+    texts: list[str]
+    top_n: int | None = None
+    raw_scores: bool = False  # the logit, not the score
+    truncate: bool = True
+    direction: TruncationDirection = "right"
+    backend: Backend | None = None
+    cut: bool = False  # texts (and the query) over the character limit are cut there instead of refused (413)
+
+
+@dataclass(frozen=True, slots=True)
 class Ranking:
     model: str
     scores: list[float]  # per text, in input order
@@ -51,18 +65,14 @@ class Ranking:
 class RerankService(Service):
     """Scores of texts against a query by a cross-encoder (/rerank, /v1/rerank, /v2/rerank, TEI's /rerank)."""
 
-    async def rerank(
-        self, call: Call, model: ModelRef, query: str, texts: list[str], *, top_n: int | None = None,
-        raw_scores: bool = False, truncate: bool = True, direction: TruncationDirection = "right",
-        backend: Backend | None = None, cut: bool = False,
-    ) -> Ranking:
-        """The relevance of every text to `query` and the ranking. `cut`: texts (and the query) over the character
-        limit are cut there instead of refused (413)."""
-        if cut:
+    async def rerank(self, call: Call, model: ModelRef, request: RerankQuery) -> Ranking:
+        """The relevance of every text to the query, and the ranking."""
+        texts, query, direction = request.texts, request.query, request.direction
+        if request.cut:
             texts, (query,) = self.cut(texts, direction), self.cut([query], direction)
         self.check_texts(call, texts, [query])
         served = await self.model(call, model, "rerank")
         scores, tokens = await self.within_deadline(lambda deadline: rerank(
-            self.inference, served, query, texts, raw_scores=raw_scores, truncate=truncate, direction=direction,
-            backend=backend, deadline=deadline))
-        return Ranking(served.name, scores.tolist(), ranking(scores, top_n), tokens)
+            self.inference, served, query, texts, raw_scores=request.raw_scores, truncate=request.truncate,
+            direction=direction, backend=request.backend, deadline=deadline))
+        return Ranking(served.name, scores.tolist(), ranking(scores, request.top_n), tokens)
