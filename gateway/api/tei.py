@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from pathlib import PurePath
 from typing import Annotated, Any, cast
 
 import orjson
@@ -336,6 +337,14 @@ async def tei_decode_route(model: ModelName, body: TeiDecodeRequest, request: Re
 
 
 # --- info, health ----------------------------------------------------------------------------------
+def public_model_id(model: ServedModel) -> str:
+    """What the model was built from: a hub id as it is, a local folder by its name only (the server's paths are
+    not the client's business)."""
+    source = model.source or model.name
+    hub_id = source.count("/") <= 1 and not source.startswith(("/", ".", "~"))
+    return source if hub_id else PurePath(source).name
+
+
 def _info(s: GatewaySettings, model: ServedModel) -> TeiInfo:
     endpoint = model.endpoint(None)
     model_type: TeiEmbeddingType | TeiClassifierType | TeiRerankerType
@@ -352,7 +361,7 @@ def _info(s: GatewaySettings, model: ServedModel) -> TeiInfo:
         model_type = TeiRerankerType(reranker=labels)
     step_rows = endpoint.step_max_batch_size or endpoint.max_batch_size
     return TeiInfo(
-        model_id=model.source or model.name,
+        model_id=public_model_id(model),
         model_dtype=TEI_DTYPE.get(endpoint.precision, "float16" if endpoint.backend == "trt" else "float32"),
         served_model_name=model.name,
         model_type=model_type,
