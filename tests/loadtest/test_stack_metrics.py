@@ -1,5 +1,6 @@
-"""bench7's reading of the gateway's metrics: one scrape of a real Prometheus exposition over HTTP, exact sample
-names (a `_sum` is not its `_count`), labels as filters, and a step's figures from the difference of two scrapes."""
+"""loadtest.stack_metrics, bench7's reading of the gateway's metrics: one scrape of a real Prometheus exposition over
+HTTP, exact sample names (a `_sum` is not its `_count`), labels as filters, and a step's figures from the difference
+of two scrapes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from loadtest.bench7 import SCHEDULER_COUNTERS, batching_stats, metric_sums, scheduler_counters
+from loadtest.stack_metrics import SCHEDULER_COUNTERS, batching_stats, metric_sums, scheduler_counters
 
 
 @pytest.fixture()
@@ -83,7 +84,7 @@ def test_the_gateways_workers_are_counted_without_multiprocessing_s_resource_tra
 
     import psutil
 
-    from loadtest.bench7 import worker_count
+    from loadtest.stack_metrics import worker_count
 
     script = tmp_path / "parent.py"
     script.write_text(
@@ -116,7 +117,7 @@ def test_tritons_own_time_per_request_holds_its_queue_and_compute(fake_triton) -
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    from loadtest.bench7 import step_stats, triton_times
+    from loadtest.stack_metrics import step_stats, triton_times
 
     before = step_stats(fake_triton.grpc_url, "fakeemb_onnx")
     client = grpcclient.InferenceServerClient(fake_triton.grpc_url)
