@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         alone = step_alone_ms(repo, width=short_width)
         with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
             args.triton_grpc = triton.grpc_url
-            series = [(pipeline, pipeline, {}) for pipeline in ("scheduler", "ensemble") if pipeline in parts]
+            series: list[tuple[str, str, dict[str, str]]] = [
+                (pipeline, pipeline, {}) for pipeline in ("scheduler", "ensemble") if pipeline in parts]
             if args.tuned and "scheduler" in parts:
                 series.append(("scheduler tuned", "scheduler", dict(kv.split("=", 1) for kv in args.tuned.split(","))))
             for label, pipeline, extra in series:

@@ -88,7 +88,7 @@ def append_rows(rows: Iterable[ResultRow], table: Path | str | None = None) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
     with path.open("a", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, COLUMNS)
+        writer = csv.DictWriter(f, COLUMNS, lineterminator="\n")
         if new:
             writer.writeheader()
         writer.writerows(row.csv_fields() for row in rows)
@@ -126,7 +126,7 @@ class RunContext:
                    commit=commit or machine.git_commit or "unknown", run=run, source=str(source))
 
     def row(self, benchmark: str, series: str, load: str, metric: str, value: float, unit: str,
-            peers: dict[str, float] | None = None) -> ResultRow:
+            peers: dict[str, float | None] | None = None) -> ResultRow:
         return ResultRow(date=self.date, machine=self.machine, gpu=self.gpu, commit=self.commit, benchmark=benchmark,
                          run=self.run, series=series, load=load, metric=metric, value=value, unit=unit,
                          peers={k: v for k, v in (peers or {}).items() if v is not None}, source=self.source)

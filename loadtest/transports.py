@@ -119,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         with TritonServer(repository=repo) as triton:
             client = grpcclient.InferenceServerClient(triton.grpc_url)
             model = discover(client)
-            with GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"shm": "system", "log_level": "warning", "shm_prefix": "benchshm"}) as g_shm, \
-                 GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings={"shm": "none", "log_level": "warning"}) as g_grpc, \
+            shm_settings = {"shm": "system", "log_level": "warning", "shm_prefix": "benchshm"}
+            grpc_settings = {"shm": "none", "log_level": "warning"}
+            with GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings=shm_settings) as g_shm, \
+                 GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings=grpc_settings) as g_grpc, \
                  httpx.Client(base_url=g_shm.url) as h_shm, httpx.Client(base_url=g_grpc.url) as h_grpc:
                 rows = []
                 for batch in (1, 8):

@@ -99,7 +99,7 @@ def test_bench7_scheduler_steps_record_batching_and_latency_breakdown(tmp_path: 
 def test_stack_check_compares_answers_and_times_the_hops(
     python_repository: Path, tiny_embedder_dir: Path, tmp_path: Path, own_results_table: Path
 ) -> None:
-    """The H100 command of issue 20's answers-under-load check, on the shared tiny repository (CPU)."""
+    """The GPU host's answers-under-load check and hop timings, on the shared tiny repository (CPU)."""
     run_loadtest("stack-check", "--repository", str(python_repository), "--model", str(tiny_embedder_dir),
                "--served", "tinyemb", "--texts", "16", "--concurrency", "4", "--repeats", "5", "--lone-texts", "8", "--name", "t",
                "--out", str(tmp_path))
