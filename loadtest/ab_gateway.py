@@ -40,6 +40,7 @@ from devstack.tritonserver import REPO_ROOT, TritonServer
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.machine import describe_machine
 from loadtest.models import make_bert
+from loadtest.results_table import ResultRow, RunContext, add_table_argument, record_rows
 from loadtest.stack_check import ECHO_MODEL_PY
 from tests.fixtures.repository import build_repository
 
@@ -113,7 +114,7 @@ STAGES = {"tokenizing ms": "tokenize_ms", "oldest text in the batch queue ms": "
 
 async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int, path: str = "/embed",
                   concurrency: int = 16) -> dict[str, dict[str, list[float]]]:
-    from loadtest.bench7 import batching_stats, scheduler_counters
+    from loadtest.stack_metrics import batching_stats, scheduler_counters
 
     rate = f"{concurrency} clients req/s"
     results: dict[str, dict[str, list[float]]] = {
@@ -145,6 +146,21 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
     return results
 
 
+def table_rows(context: RunContext, label: str, settings: dict[str, str], load: str,
+               results: dict[str, list[float]], rounds: int) -> list[ResultRow]:
+    """One side's medians of the latency, throughput and CPU measures (the stage times stay in results.json)."""
+    series = " ".join([label, *(f"{k}={v}" for k, v in settings.items())])
+    rows = []
+    for name, values in results.items():
+        if name in STAGES:
+            continue
+        unit = "ms" if name.endswith(" ms") else "req/s" if name.endswith(" req/s") else "µs"
+        metric = name.removesuffix(" ms").removesuffix(" req/s").replace(" us ", " ")
+        rows.append(context.row("ab-gateway", series, load, f"{metric} (median of {rounds} rounds)",
+                                statistics.median(values), unit))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest ab-gateway", description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="git revision of the `before` gateway")
@@ -154,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16, help="concurrent connections of the single-text phase")
     parser.add_argument("--echo-step", action="store_true",
                         help="the model step computes nothing (loadtest/echo_step): the gateway is what is loaded")
+    parser.add_argument("--name", default="ab-gateway", help="the run's name in the results table")
     for label in LABELS:
         parser.add_argument(f"--{label}-setting", action="append", default=[], metavar="KEY=VALUE",
                             help=f"a gateway setting of `{label}` (repeatable)")
+    add_table_argument(parser)
     args = parser.parse_args(argv)
     extra = {label: dict(item.split("=", 1) for item in getattr(args, f"{label}_setting")) for label in LABELS}
     texts = make_corpus(CorpusSpec(size=1024))
@@ -197,12 +215,19 @@ def main(argv: list[str] | None = None) -> int:
             f"alternating rounds; CPU: the gateway process's own user+system time over the {args.clients}-client "
             "phase (1 text) and the 4-client phase (32 texts); stage times: its /metrics over the first of them")
     print(head + "\n\n" + table)
+    machine = describe_machine()
+    before_commit = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=REPO_ROOT, capture_output=True,
+                                   text=True, check=False).stdout.strip() or args.before
+    load = f"{args.path}, {args.clients} clients" + (", echo step" if args.echo_step else "")
+    record_rows([row for label, commit in (("before", before_commit), ("after", None)) for row in table_rows(
+        RunContext.of(machine, args.name, args.out or "", commit), label, extra[label], load, results[label],
+        args.rounds)], args.table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
             {"before": args.before, "settings": extra, "rounds": args.rounds, "path": args.path,
              "clients": args.clients, "echo_step": args.echo_step,
-             "machine": describe_machine().model_dump(mode="json"), "results": results}, indent=2))
+             "machine": machine.model_dump(mode="json"), "results": results}, indent=2))
         (args.out / "summary.md").write_text(f"# Gateway A/B\n\n{head}\n\n{table}\n")
     return 0
 

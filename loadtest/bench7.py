@@ -17,7 +17,8 @@ errors; the scheduler steps also the padding ratio (gateway_scheduled_tokens_tot
 over the step) and the mean batch size. The model step's own batch-1 time for the short text is
 measured alone (onnxruntime on the same model.onnx, same provider) for the c=1 target: first, and again after the
 stack's steps (where the c=1 steps ran: after the loaded steps, beside an idle Triton), each with its ratio row.
-Results: loadtest/results/<name>-7-peers/ (results.json, summary.md, peers.png).
+Results: loadtest/results/runs/<name>-7-peers/ (results.json, summary.md, peers.png); the headline figures are
+appended to the results table (loadtest/results_table.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -39,9 +39,18 @@ from devstack.tritonserver import REPO_ROOT, TritonServer, free_port
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.machine import describe_machine
 from loadtest.ort_probe import in_child, step_python, time_shapes
-from loadtest.pyspy import profile as pyspy_profile
-from loadtest.report import RESULTS_DIR, RunRecord, save, summary_markdown
+from loadtest.report import RunRecord, save, summary_markdown
+from loadtest.results_table import RUNS_DIR, ResultRow, RunContext, add_table_argument, record_rows
 from loadtest.runner import run_step
+from loadtest.stack_metrics import (
+    batching_stats,
+    save_diagnostics,
+    scheduler_counters,
+    step_stats,
+    triton_times,
+    wait_until_served,
+    worker_count,
+)
 from loadtest.stats import Latency, StepResult, StepSettings
 from loadtest.targets import GatewaySpec
 
@@ -54,87 +63,10 @@ STEPS = (  # (label, concurrency, texts per request, short text)
     ("32 texts c=16", 16, 32, False),
     ("short text c=1", 1, 1, True),
 )
-EXTRA_STEPS = (("32 texts c=32", 32, 32, False),)  # run when named in --steps (issue 24's two-GPU target)
-
-
-def metric_sums(url: str, names: dict[str, tuple[str, dict[str, str]]]) -> dict[str, float]:
-    """key -> the sum of the samples of a metric on one scrape of `url`/metrics whose labels include the given
-    ones (names: key -> (metric sample name, labels))."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    totals = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        sample = line.split("{", 1)[0].split(" ", 1)[0]
-        for key, (name, labels) in names.items():
-            if sample == name and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                totals[key] += float(line.rsplit(" ", 1)[1])
-    return totals
-
-
-# What bench7 reads of the gateway's metrics before and after each step (the step's share is the difference)
-SCHEDULER_COUNTERS = {
-    "real": ("gateway_scheduled_tokens_total", {"kind": "real"}),
-    "computed": ("gateway_scheduled_tokens_total", {"kind": "computed"}),
-    "batches": ("gateway_batch_size_count", {}),
-    "texts": ("gateway_batch_size_sum", {}),
-    "triton_s": ("gateway_triton_request_duration_seconds_sum", {}),
-    "triton_calls": ("gateway_triton_request_duration_seconds_count", {}),
-    # where a request's time goes inside the gateway: from the app's first look at it to its answer written
-    "request_s": ("gateway_request_duration_seconds_sum", {}),
-    "requests": ("gateway_request_duration_seconds_count", {}),
-    "tokenize_s": ("gateway_tokenize_seconds_sum", {}),
-    "tokenized": ("gateway_tokenize_seconds_count", {}),
-    "oldest_wait_s": ("gateway_batch_queue_seconds_sum", {}),
-}
-
-
-def scheduler_counters(url: str) -> dict[str, float]:
-    return metric_sums(url, SCHEDULER_COUNTERS)
-
-
-def batching_stats(delta: dict[str, float]) -> dict[str, float]:
-    """A step's batching figures from the difference of two `scheduler_counters`."""
-    def per(total: str, count: str, scale: float = 1.0) -> float:
-        return scale * delta[total] / delta[count] if delta[count] else float("nan")
-
-    return {
-        "padding_ratio": per("computed", "real"),
-        "mean_batch_texts": per("texts", "batches"),
-        "batches": delta["batches"],
-        "gateway_to_triton_ms": per("triton_s", "triton_calls", 1e3) if delta["triton_calls"] else 0.0,
-        "gateway_request_ms": per("request_s", "requests", 1e3),
-        "tokenize_ms": per("tokenize_s", "tokenized", 1e3),
-        "oldest_queue_wait_ms": per("oldest_wait_s", "batches", 1e3),
-    }
-
-
-def step_stats(grpc_url: str, model: str) -> dict[str, float]:
-    """Triton's cumulative statistics of one model: executions, requests, and ns summed over requests of each
-    request's whole time in Triton (`success`) and of its queue and compute parts."""
-    import tritonclient.grpc as grpcclient
-
-    stats = grpcclient.InferenceServerClient(grpc_url).get_inference_statistics(model, as_json=True)
-    entry = stats["model_stats"][0]
-    inference = entry["inference_stats"]
-    out = {"executions": float(entry.get("execution_count", 0)),
-           "requests": float(inference.get("success", {}).get("count", 0)),
-           "success": float(inference.get("success", {}).get("ns", 0))}
-    for key in ("queue", "compute_input", "compute_infer", "compute_output"):  # zero fields are left out
-        out[key] = float(inference.get(key, {}).get("ns", 0))
-    return out
-
-
-def triton_times(delta: dict[str, float]) -> dict[str, float]:
-    """Per request, from the difference of two `step_stats`, in ms: Triton's whole time (from the request's arrival
-    in Triton's core to its response), its queue and its compute; and the executions."""
-    requests = delta["requests"] or 1.0
-    return {
-        "triton_executions": delta["executions"],
-        "triton_request_ms_per_request": delta["success"] / requests / 1e6,
-        "triton_queue_ms_per_request": delta["queue"] / requests / 1e6,
-        "triton_compute_ms_per_request": (delta["compute_input"] + delta["compute_infer"] + delta["compute_output"])
-        / requests / 1e6,
-    }
+EXTRA_STEPS = (("32 texts c=32", 32, 32, False),)  # run when named in --steps (a two-GPU host's 32-text load)
+TABLE_LOADS = ("single text c=256", "32 texts c=16", "short text c=1")  # the loads the results table keeps
+PEERS = {"sentence-transformers encode": "sentence-transformers", "HF SDPA careful": "hf-sdpa",
+         "HF SDPA sorted batches": "hf-sdpa", "infinity-emb": "infinity"}  # step label -> the table's peer name
 
 
 def token_lengths(model_dir: Path, texts: list[str]) -> list[int]:
@@ -191,32 +123,9 @@ def peer_steps(model_dir: Path, args: argparse.Namespace, corpus_size: int) -> t
     return steps, rates
 
 
-def profile_busiest_child(parent: int, delay: float, seconds: float, out: Path) -> threading.Thread:
-    """After `delay` s, py-spy the busiest child process of `parent` (a uvicorn worker) for `seconds`;
-    the summary goes to `out` (loadtest.pyspy). Runs in a thread; no py-spy = a note in `out`."""
-
-    def work() -> None:
-        import psutil
-
-        time.sleep(delay)
-        children = psutil.Process(parent).children(recursive=True)
-        for child in children:
-            child.cpu_percent(None)
-        time.sleep(0.5)
-        busiest = max(children, key=lambda c: c.cpu_percent(None))
-        lines = pyspy_profile(busiest.pid, seconds, out.with_suffix(".raw"), 40)
-        out.write_text(f"worker pid {busiest.pid}, {seconds:.0f} s at 200 Hz\n" + "\n".join(lines) + "\n")
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    return thread
-
-
 def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str], args: argparse.Namespace,
-               scheduler: bool, only: tuple[str, ...] = (), profile: tuple[int, Path] | None = None
-               ) -> tuple[list[StepResult], dict[str, dict[str, float]]]:
-    """The stack's (or another server's) HTTP steps; with `scheduler`, batching counters per step.
-    `profile` = (gateway pid, output file): py-spy one worker during the c=256 step."""
+               scheduler: bool, only: tuple[str, ...] = ()) -> tuple[list[StepResult], dict[str, dict[str, float]]]:
+    """The stack's (or another server's) HTTP steps; with `scheduler`, batching counters per step."""
     spec = GatewaySpec(url=url, endpoint=endpoint, model=model, timeout_s=60, client=args.client)  # type: ignore[arg-type]
     steps, batching = [], {}
     wanted = set(only or args.steps or [n for n, *_ in STEPS])
@@ -230,12 +139,7 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
                                 procs=1 if concurrency == 1 else min(args.procs, concurrency))
         before = scheduler_counters(url) if scheduler else {}
         triton_before = step_stats(args.triton_grpc, "bench_onnx") if scheduler and args.triton_grpc else {}
-        spy = None
-        if profile and name == "single text c=256":
-            spy = profile_busiest_child(profile[0], 2.0 + args.warmup + 1.0, max(args.duration - 3, 2), profile[1])
         result = run_step(f"{label}: {name}", spec, settings, texts)
-        if spy:
-            spy.join(timeout=30)
         if scheduler:
             after = scheduler_counters(url)
             delta = {k: after[k] - before[k] for k in after}
@@ -289,45 +193,6 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
             proc.wait(timeout=30)
 
 
-def worker_count(pid: int) -> int:
-    """Worker processes of a gateway (its children but multiprocessing's resource tracker, which uvicorn's spawned
-    workers bring; 1 when it serves in-process)."""
-    import psutil
-
-    workers = 0
-    for child in psutil.Process(pid).children():
-        try:
-            if "resource_tracker" not in " ".join(child.cmdline()):
-                workers += 1
-        except psutil.Error:  # gone meanwhile
-            continue
-    return max(1, workers)
-
-
-def wait_until_served(url: str, timeout_s: float = 60.0) -> None:
-    """Until the gateway's workers have discovered the model (every worker answers /v1/models with it)."""
-    deadline = time.monotonic() + timeout_s
-    seen = 0
-    while time.monotonic() < deadline and seen < 16:  # 16 answers in a row, spread over the workers
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
-            seen = seen + 1 if b'"bench"' in resp.read() else 0
-        time.sleep(0.05)
-
-
-def save_diagnostics(work: Path, tag: str, gateway_url: str, triton: TritonServer) -> None:
-    """The gateway's and Triton's /metrics and Triton's per-model statistics after a series (for the logs)."""
-    import tritonclient.grpc as grpcclient
-
-    for name, url in (("gateway", f"{gateway_url}/metrics"), ("triton", triton.metrics_url)):
-        try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                (work / f"{name}-metrics-{tag}.txt").write_bytes(resp.read())
-        except OSError as exc:
-            (work / f"{name}-metrics-{tag}.txt").write_text(f"unavailable: {exc}\n")
-    stats = grpcclient.InferenceServerClient(triton.grpc_url).get_inference_statistics(as_json=True)
-    (work / f"triton-stats-{tag}.json").write_text(json.dumps(stats, indent=1))
-
-
 def plot(record: RunRecord, out: Path, reference: float | None) -> None:
     import matplotlib
 
@@ -371,17 +236,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the stack's route: /embed, or the model's TEI route /tei/bench/embed")
     p.add_argument("--client", default="raw", choices=["raw", "aiohttp"],
                    help="the load generator's HTTP client: raw (loadtest/http_client.py, a fraction of aiohttp's CPU "
-                        "per request on the host it measures: results/h100-20ab-client) or aiohttp (results before "
-                        "2026-11-28)")
+                        "per request on the host it measures) or aiohttp")
     p.add_argument("--corpus-size", type=int, default=4000)
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--peer-repeats", type=int, default=3)
     p.add_argument("--infinity-batch-size", type=int, default=128)
     p.add_argument("--infinity-device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--profile", action="store_true", help="py-spy one gateway worker during the c=256 steps")
     p.add_argument("--work", type=Path)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--out", type=Path, default=RUNS_DIR, help="the run's folder goes to OUT/NAME-7-peers/")
+    add_table_argument(p)
     args = p.parse_args(argv)
     args.steps = [x.strip() for x in args.steps.split(",") if x.strip()]
     parts = set(args.parts.split(","))
@@ -410,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         alone = step_alone_ms(repo, width=short_width)
         with TritonServer(repository=repo, log_path=work / "triton.log", startup_timeout_s=300) as triton:
             args.triton_grpc = triton.grpc_url
-            series = [(pipeline, pipeline, {}) for pipeline in ("scheduler", "ensemble") if pipeline in parts]
+            series: list[tuple[str, str, dict[str, str]]] = [
+                (pipeline, pipeline, {}) for pipeline in ("scheduler", "ensemble") if pipeline in parts]
             if args.tuned and "scheduler" in parts:
                 series.append(("scheduler tuned", "scheduler", dict(kv.split("=", 1) for kv in args.tuned.split(","))))
             for label, pipeline, extra in series:
@@ -421,10 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                                     log_path=work / f"gateway-{label.replace(' ', '-')}.log") as gw:
                     wait_until_served(gw.url)
                     assert gw.process is not None
-                    profile = (gw.process.pid, work / f"profile-gateway-{label.replace(' ', '-')}.txt") \
-                        if args.profile else None
                     result, counters = http_steps(f"stack {label}", gw.url, "bench", args.endpoint, corpus, args,
-                                                  scheduler=pipeline == "scheduler", profile=profile)
+                                                  scheduler=pipeline == "scheduler")
                     steps += result
                     batching.update(counters)
                     save_diagnostics(work, label.replace(" ", "-"), gw.url, triton)
@@ -475,7 +338,38 @@ def main(argv: list[str] | None = None) -> int:
     out = save(record, args.out)
     plot(record, out, reference)
     print(summary_markdown(record), flush=True)
+    record_rows(table_rows(record, RunContext.of(machine, args.name, out)), args.table)
     return 0
+
+
+def table_rows(record: RunRecord, context: RunContext) -> list[ResultRow]:
+    """The results table's rows of a run (this one's, or an older tree's results.json): each stack series' texts/s
+    with the peers of the same run, a lone text's p50 with the model step alone, the padding ratio and the errors."""
+    peers = {PEERS.get(k, k): v for k, v in (record.settings.get("peers") or {}).items()}
+    alone = {"model-step": (record.settings.get("step_alone") or {}).get("median_ms"),
+             "model-step-after": (record.settings.get("step_alone_after") or {}).get("median_ms")}
+    by_label = {s.label: s for s in record.steps}
+    rows, errors = [], 0
+    for step in record.steps:
+        if not step.label.startswith("stack "):
+            continue
+        series, load = step.label.split(": ", 1)
+        errors += step.errors + step.warmup_errors
+        if load not in TABLE_LOADS:
+            continue
+        if load == "short text c=1":
+            rows.append(context.row("bench7", series, load, "p50", step.latency_ms.p50, "ms", alone))
+            continue
+        infinity = by_label.get(f"infinity-emb: {load}")
+        rows.append(context.row("bench7", series, load, "throughput", step.items_per_s, "texts/s",
+                                peers | ({"infinity": infinity.items_per_s} if infinity else {})))
+    padding = [b["padding_ratio"] for b in (record.settings.get("batching") or {}).values() if b.get("padding_ratio")]
+    if padding:
+        rows.append(context.row("bench7", "stack scheduler", "every load", "padding ratio", max(padding),
+                                "computed/real tokens"))
+    if rows:
+        rows.append(context.row("bench7", "stack", "every load", "errors", errors, "count"))
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """`python -m loadtest COMMAND ...`: the one command line of the load generator and the benchmarks.
 
 Sweeps at the gateway (HTTP) and Triton (gRPC) level and the corpus are defined here; every benchmark is a
-module whose `main(argv)` takes the rest of the command line (`python -m loadtest COMMAND --help`). One-off
-experiments of past issues are not commands: loadtest/experiments/ (loadtest/README.md says what each measured).
+module whose `main(argv)` takes the rest of the command line (`python -m loadtest COMMAND --help`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from pathlib import Path
 
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.machine import describe_machine
-from loadtest.report import RESULTS_DIR, RunRecord, save, table
+from loadtest.report import RunRecord, save, table
+from loadtest.results_table import RUNS_DIR
 from loadtest.stats import StepSettings
 from loadtest.sweep import Series, points, run_sweep
 from loadtest.targets import GatewaySpec, TritonSpec
@@ -31,31 +31,25 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {
-    "bench": Benchmark("loadtest.bench", "benchmarks 1-4 side by side: gateway overhead, shm vs gRPC, length "
-                       "buckets, dynamic batching (a small model on the CPU)"),
     "bench7": Benchmark("loadtest.bench7", "benchmark 7: the stack (both gateway pipelines) against "
                         "sentence-transformers, HF SDPA and infinity-emb (GPU host)"),
     "model-step": Benchmark("loadtest.model_step", "the model step alone: onnxruntime fp16 graph variants against "
                             "PyTorch SDPA, with parity"),
-    "cold-shapes": Benchmark("loadtest.cold_shapes", "what a never-seen input shape costs the model step, per "
-                             "onnxruntime setting"),
     "packed-step": Benchmark("loadtest.packed_step", "the packed model step against the padded one on the same "
                              "corpus batches, PyTorch varlen as a reference"),
-    "modernbert-attention": Benchmark("loadtest.modernbert_attention", "ModernBERT's fused attention graph against "
-                                      "the plain export and PyTorch SDPA at 2k and 8k tokens"),
-    "long-context": Benchmark("loadtest.long_context_load", "load time and peak memory of 8k-context models in "
-                              "tritonserver, before and after issue 23's changes"),
-    "transport": Benchmark("loadtest.transport_bench", "the gateway's tensor transports side by side: "
-                           "GATEWAY_SHM=cuda, system, none"),
-    "sparse": Benchmark("loadtest.sparse_bench", "where SPLADE rows become sparse: TopK in the graph or non-zeros "
-                        "in the gateway"),
-    "storm": Benchmark("loadtest.storm", "overload storm: capacity, then far more clients, every answer checked, "
-                       "recovery time"),
+    "cold-shapes": Benchmark("loadtest.cold_shapes", "what a never-seen input shape costs the model step, per "
+                             "onnxruntime setting"),
     "stack-check": Benchmark("loadtest.stack_check", "the stack's answers under load on both pipelines against "
                              "PyTorch fp32, and what each hop of a lone short text costs"),
+    "storm": Benchmark("loadtest.storm", "overload storm: capacity, then far more clients, every answer checked, "
+                       "recovery time"),
     "ab-gateway": Benchmark("loadtest.ab_gateway", "two gateway revisions side by side on one tritonserver"),
+    "transports": Benchmark("loadtest.transports", "one call at a time: the gateway against direct tritonclient, "
+                            "shared memory against plain gRPC"),
     "random-model": Benchmark("loadtest.models", "write a random-weight BERT checkpoint (+ tokenizer) the builder "
                               "takes as a local model"),
+    "results": Benchmark("loadtest.results_report", "the docs' figures and plots from the results table; append rows "
+                         "a GPU host brought back; compare two commits"),
 }
 
 
@@ -78,7 +72,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus-size", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--name", required=True, help="results go to <out>/<name>/")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--out", type=Path, default=RUNS_DIR)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
 
@@ -137,8 +131,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__.splitlines()[0],
-                                epilog="One-off experiments of past issues: python -m loadtest.experiments.NAME "
-                                       "(loadtest/README.md).")
+                                epilog="What each command measures, and which to rerun when: loadtest/README.md.")
     sub = p.add_subparsers(required=True, metavar="COMMAND")
     g = sub.add_parser("gateway", help="sweep the gateway's HTTP API (closed loop and/or open loop)")
     g.add_argument("--url", default="http://127.0.0.1:8080")

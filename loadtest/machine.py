@@ -76,7 +76,8 @@ def describe_machine() -> Machine:
         gpu=gpu,
         python=platform.python_version(),
         packages=versions,
-        # the GPU host gets a copy of the working tree without .git: the caller passes the commit
-        git_commit=_run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"])
-        or os.environ.get("LOADTEST_GIT_COMMIT"),
+        # $LOADTEST_GIT_COMMIT first: the GPU host gets a copy of a tree without (or with a stale) .git, and an older
+        # tree copied inside this checkout would otherwise report this checkout's commit
+        git_commit=os.environ.get("LOADTEST_GIT_COMMIT")
+        or _run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"]),
     )

@@ -16,7 +16,7 @@ Latency: median of CUDA-synchronized wall times after warm-up. Every variant's o
 compared with PyTorch fp32 (cosine). onnxruntime runs the variants in turns in a child process
 (loadtest.ort_probe) of `--ort-python` (with onnxruntime-gpu importable; PYTHONPATH passes through),
 PyTorch in this one.
-Results: loadtest/results/<name>-model-step/ (results.json, summary.md).
+Results: loadtest/results/runs/<name>-model-step/ (results.json, summary.md), and rows of the results table.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import numpy as np
 
 from loadtest.machine import describe_machine
 from loadtest.ort_probe import in_child, medians_in_turns, min_cosine, time_variants
-from loadtest.report import RESULTS_DIR, save_step_record
+from loadtest.report import save_step_record
+from loadtest.results_table import RUNS_DIR, RunContext, add_table_argument, record_rows
 
 SHAPES = ((1, 16), (32, 128), (128, 128), (64, 512))  # (batch, seq): batch-1 short text, then the issue's three
 
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--float16", choices=["auto", "yes", "no"], default="auto",
                    help="optimizer variants in float16 (auto: when a GPU is present)")
     p.add_argument("--work", type=Path)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--out", type=Path, default=RUNS_DIR)
+    add_table_argument(p)
     args = p.parse_args(argv)
     shapes = tuple(tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
     work = args.work or Path(tempfile.mkdtemp(prefix="model-step-"))
@@ -206,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                 ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, IO binding)"] = torch_ms[key] / best
                 ratios[f"{key}: PyTorch SDPA ms / onnxruntime ms (builder's model, run)"] = \
                     torch_ms[key] / res["run_ms"]
+    machine = describe_machine()
     record = {
-        "name": f"{args.name}-model-step", "machine": describe_machine().model_dump(), "torch": torch_desc,
+        "name": f"{args.name}-model-step", "machine": machine.model_dump(), "torch": torch_desc,
         "onnxruntime": ort["onnxruntime"], "providers": ort["providers"], "shape": args.shape,
         "repeats": args.repeats, "fused_ops": {n: v["fused"] for n, v in variants.items()}, "rows": rows,
         "ratios": ratios,
@@ -223,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "| ratio (>= 1: onnxruntime at least as fast) | value |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
     lines += ["", "Fused operators per variant: " + "; ".join(f"{n}: {f}" for n, f in record["fused_ops"].items())]
-    save_step_record(record, args.out, lines, description=__doc__.split("\n\n")[1].strip())
+    out = save_step_record(record, args.out, lines, description=__doc__.split("\n\n")[1].strip())
+    context = RunContext.of(machine, args.name, out)
+    record_rows([row for r in rows if r["variant"] == builder_variant and "error" not in r for row in (
+        context.row("model-step", r["variant"], r["shape"], "onnxruntime, IO binding where the GPU has it",
+                    r["ort_iobinding_ms"] or r["ort_run_ms"], "ms", {"torch-sdpa": r["torch_ms"]}),
+        context.row("model-step", r["variant"], r["shape"], "min cosine vs fp32", r["min_cosine_vs_fp32"], "cosine"))],
+        args.table)
     return 0
 
 

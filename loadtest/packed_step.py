@@ -1,4 +1,4 @@
-"""The packed model step against the padded one, on the same batches of the loadtest corpus (issue 20).
+"""The packed model step against the padded one, on the same batches of the loadtest corpus.
 
     python -m loadtest packed-step --name h100 [--shape base] [--out DIR]     # the GPU host (CUDA provider)
     python -m loadtest packed-step --smoke --out /tmp/ps                      # here: tiny model, CPU, seconds
@@ -23,7 +23,8 @@ HF SDPA fp16 padded to each batch's longest row, and the packed PyTorch forward 
 (loadtest/packed_torch.py), as references. `--smoke`: tiny model, CPU provider, builds for --device cpu
 (the packed graph's CPU form), texts cut to 64 tokens, one batch per set: it checks the plumbing, its numbers
 mean nothing.
-Results: OUT/<name>-packed-step/results.json and summary.md.
+Results: OUT/<name>-packed-step/results.json and summary.md (loadtest/packed_step_report.py), and rows of the results
+table.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from loadtest.ort_probe import (
     providers,
     seconds,
 )
+from loadtest.results_table import RUNS_DIR, RunContext, add_table_argument, record_rows
 
 SETS = ("random1", "random8", "random32", "random128", "sorted32")
 GATE = 0.9999
@@ -333,64 +335,6 @@ def references(model_dir: Path, texts: list[np.ndarray], sets: dict[str, list[li
 
 # ---- report ----------------------------------------------------------------------------------------------
 
-def summarize(record: dict[str, Any]) -> list[str]:
-    """summary.md's lines below its name and machine."""
-    ort_graphs = record["onnxruntime"]["graphs"]
-    lines = [f"- onnxruntime {record['onnxruntime']['onnxruntime']} {record['onnxruntime']['providers']}; "
-             f"torch {record['torch'].get('torch')}; bert shape `{record['shape']}`; {record['texts']} corpus texts; "
-             f"median of {record['rounds']} runs per batch", "",
-             "| graph | batches | ms/batch | real tokens/s | computed/real | speedup vs padded | host feed ms |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for set_name in SETS:
-        base = ort_graphs.get("padded", {}).get(set_name, {}).get("real_tokens_per_s")
-        for name in GRAPHS:
-            row = ort_graphs.get(name, {}).get(set_name)
-            if row:
-                speedup = f"{row['real_tokens_per_s'] / base:.2f}x" if base else "-"
-                lines.append(f"| {name} | {set_name} | {row['ms_per_batch']:.2f} | {row['real_tokens_per_s']:,} | "
-                             f"{row['computed_per_real']:.2f} | {speedup} | {row.get('host_feed_ms', '-')} |")
-        for name in ("torch_sdpa_padded", "torch_packed_varlen"):
-            row = record["torch"].get(name, {}).get(set_name)
-            if row:
-                speedup = f"{row['real_tokens_per_s'] / base:.2f}x" if base else "-"
-                lines.append(f"| {name} | {set_name} | {row['ms_per_batch']:.2f} | {row['real_tokens_per_s']:,} | - | "
-                             f"{speedup} | - |")
-    lines += ["", f"Fresh batches ({record.get('fresh_count', '-')} random batches of 8-24 texts, each run once in a new "
-              "session: every call a token count the session may not have seen, as the stack's step gets at c=256; "
-              "ms per batch mean / p50, real tokens/s):", "",
-              "| graph | " + " | ".join(FRESH_MODES) + " |", "| --- |" + " ---: |" * len(FRESH_MODES)]
-    for name in GRAPHS:
-        fresh = ort_graphs.get(name, {}).get("fresh")
-        if fresh:
-            cells = [f"{fresh[m]['mean_ms']:.2f} / {fresh[m]['p50_ms']:.2f} ms, {fresh[m]['real_tokens_per_s']:,}"
-                     for m in FRESH_MODES]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "| graph | min cosine vs PyTorch fp32 (gate 0.9999) | fused ops | Memcpy nodes | nodes per provider | "
-              "CPU ops |", "| --- | ---: | --- | --- | --- | --- |"]
-    for name in GRAPHS:
-        entry = ort_graphs.get(name, {})
-        if entry:
-            place = entry["placement"]
-            lines.append(f"| {name} ({record['graphs'][name]['precision']}) | {entry['min_cosine']:.7f} "
-                         f"{'ok' if entry['parity_passed'] else 'FAIL'} | "
-                         f"{record['graphs'][name]['fused']} | {place['memcpy'] or 'none'} | "
-                         f"{place['nodes_per_provider']} | {', '.join(place['cpu_ops']) or 'none'} |")
-    for name in ("torch_sdpa_padded", "torch_packed_varlen"):
-        peer = record["torch"].get(name, {})
-        lines.append(f"| {name} | {peer['min_cosine']:.7f} | - | - | - | - |" if "min_cosine" in peer
-                     else f"| {name} | {peer.get('error', '-')} | - | - | - | - |")
-    lines += ["", "Cold shapes (fresh session; first / second run ms):", "",
-              "| graph | " + " | ".join(f"{c['rows']}x{c['width']}" for c in ort_graphs["packed"]["cold"]) + " |",
-              "| --- |" + " ---: |" * len(ort_graphs["packed"]["cold"])]
-    for name in GRAPHS:
-        cold = ort_graphs.get(name, {}).get("cold", [])
-        lines.append(f"| {name} | " + " | ".join(f"{c['first_ms']:.1f} / {c['second_ms']:.1f}" for c in cold) + " |")
-    lines += ["", "The builder's own parity per artifact: " + "; ".join(
-        f"{name}: {p['min_cosine']:.7f} ({'passed' if p['passed'] else 'FAILED'}, {p.get('ran_on') or 'padded run'})"
-        for name in ("packed", "padded", "packed_fp32") for p in record["graphs"][name]["builder_parity"])]
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest packed-step", description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="local")
@@ -403,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-graph", type=Path, help="a packed model.onnx of an older builder, for before/after")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path, default=None)
+    add_table_argument(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.shape, args.draws, args.rounds, args.corpus_size = "tiny", 1, 1, 200
@@ -410,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     from loadtest.corpus import CorpusSpec, make_corpus
     from loadtest.machine import describe_machine
     from loadtest.models import SHAPES, make_bert
-    from loadtest.report import RESULTS_DIR, save_step_record
+    from loadtest.report import save_step_record
+    from loadtest.packed_step_report import summarize, table_rows
     from transformers import AutoTokenizer
 
     work = args.work or Path(tempfile.mkdtemp(prefix="packed-step-"))
@@ -447,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
               "device": device, "texts": len(texts), "rounds": args.rounds, "draws": args.draws,
               "graphs": graphs, "onnxruntime": ort_result, "torch": peers, "smoke": args.smoke,
               "fresh_count": len(fresh)}
-    out = save_step_record(record, args.out or RESULTS_DIR, summarize(record))
+    out = save_step_record(record, args.out or RUNS_DIR, summarize(record))
+    record_rows(table_rows(record, RunContext.of(describe_machine(), args.name, out)), args.table)
     failed = [n for n, g in ort_result["graphs"].items() if not g["parity_passed"]]
     log(f"done; results in {out}" + (f"; PARITY FAILED: {failed}" if failed else ""))
     return 1 if failed else 0

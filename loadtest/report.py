@@ -1,4 +1,4 @@
-"""Results on disk (loadtest/results/<name>/): results.json, summary.md and PNG plots."""
+"""A run's folder (loadtest/results/runs/<name>/): results.json, summary.md and PNG plots."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from loadtest.machine import Machine
+from loadtest.results_table import RUNS_DIR
 from loadtest.stats import StepResult
-
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 class RunRecord(BaseModel):
@@ -99,7 +98,7 @@ def plot(record: RunRecord, out_dir: Path) -> list[Path]:
     return [path]
 
 
-def save(record: RunRecord, root: Path = RESULTS_DIR) -> Path:
+def save(record: RunRecord, root: Path = RUNS_DIR) -> Path:
     """Write results.json, summary.md and the plot to root/<name>/; return that folder."""
     out = root / record.name
     out.mkdir(parents=True, exist_ok=True)

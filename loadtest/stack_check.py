@@ -37,6 +37,7 @@ from loadtest.bench7 import SHORT_TEXT, step_alone_ms
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.http_client import Connection
 from loadtest.machine import describe_machine
+from loadtest.results_table import RunContext, add_table_argument, record_rows
 
 
 def reference(model_dir: Path, texts: list[str], max_len: int) -> np.ndarray:
@@ -176,13 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=300)
     p.add_argument("--lone-texts", type=int, default=64, help="corpus texts also sent one at a time (scheduler)")
     p.add_argument("--out", type=Path, required=True)
+    add_table_argument(p)
     args = p.parse_args(argv)
     texts = make_corpus(CorpusSpec(size=args.texts))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ids = tokenizer(SHORT_TEXT)["input_ids"]
-    record: dict[str, object] = {"machine": describe_machine().model_dump(mode="json"), "settings": vars(args) | {
+    machine = describe_machine()
+    record: dict[str, object] = {"machine": machine.model_dump(mode="json"), "settings": vars(args) | {
         "repository": str(args.repository), "model": str(args.model), "out": str(args.out)}}
     args.out.mkdir(parents=True, exist_ok=True)  # the logs go there
     answers: dict[str, float] = {}
@@ -221,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(record, indent=1, default=str))
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+    context = RunContext.of(machine, args.name, out)
+    under_load = f"{args.texts} texts c={args.concurrency}"
+    record_rows([*(context.row("stack-check", k, under_load, "min cosine vs PyTorch fp32", v, "cosine")
+                   for k, v in answers.items()),
+                 *(context.row("stack-check", k, "short text c=1", "median", v, "ms") for k, v in hops.items())],
+                args.table)
     return 0 if all(v >= 0.9999 for v in answers.values()) else 1
 
 

@@ -30,14 +30,15 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import orjson
 
 from loadtest.http_client import Connection
+from loadtest.results_table import RUNS_DIR, ResultRow, RunContext, add_table_argument, record_rows
 
 Retry = Literal["honour", "ignore"]
 
@@ -236,7 +237,7 @@ def references(triton_url: str, model: str, texts: list[str]) -> dict[str, np.nd
 
 def compare(args: argparse.Namespace) -> None:
     """Build the storm model here, start one Triton, and storm a gateway from each code checkout
-    (`label=path`), each pipeline and retry mode in turn; results to loadtest/results/<name>/."""
+    (`label=path`), each pipeline and retry mode in turn; the run's folder is loadtest/results/runs/<name>/."""
     import tempfile
 
     from devstack.gateway import GatewayProcess
@@ -244,7 +245,6 @@ def compare(args: argparse.Namespace) -> None:
     from loadtest.corpus import fixed_length_corpus
     from loadtest.machine import describe_machine
     from loadtest.models import make_bert
-    from loadtest.report import RESULTS_DIR
     from tests.fixtures.repository import PYTHON_CPU, build_repository
 
     work = Path(tempfile.mkdtemp(prefix="storm-"))
@@ -269,7 +269,7 @@ def compare(args: argparse.Namespace) -> None:
                         report = run_storm_sync(gw.url, reference, s, log=print)
                     rows.append({"code": label, "pipeline": pipeline, "retry": retry, **report.summary()})
                     print(json.dumps(rows[-1]), flush=True)
-    out = Path(args.out or RESULTS_DIR) / args.name
+    out = Path(args.out or RUNS_DIR) / args.name
     out.mkdir(parents=True, exist_ok=True)
     machine = describe_machine()
     (out / "results.json").write_text(json.dumps({"machine": machine.model_dump(), "settings": vars(args),
@@ -282,6 +282,31 @@ def compare(args: argparse.Namespace) -> None:
                      f"{r['storm']['statuses']} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    context = RunContext.of(machine, args.name, out)
+    record_rows([row for r in rows for row in table_rows(
+        replace(context, commit=checkout_commit(Path(roots[r["code"]])) or context.commit),
+        f"{r['code']} {r['pipeline']} retry={r['retry']}", f"{args.clients} clients, {args.words} words", r)],
+        args.table)
+
+
+def checkout_commit(root: Path) -> str | None:
+    """The commit a code checkout is at (None for a copy without git)."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+def table_rows(context: RunContext, series: str, load: str, summary: dict[str, Any]) -> list[ResultRow]:
+    """The results table's rows of one storm: goodput during it against capacity, wrong answers, recovery."""
+    storm = summary["storm"]
+    return [context.row("storm", series, load, "goodput storm/capacity", summary["goodput_ratio"], "x"),
+            context.row("storm", series, load, "storm goodput", storm["goodput_per_s"], "texts/s"),
+            context.row("storm", series, load, "wrong answers", storm["wrong"], "count"),
+            context.row("storm", series, load, "recovery", summary["recovery_s"], "s")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -301,19 +326,25 @@ def main(argv: list[str] | None = None) -> None:
                         "run from each checkout (e.g. before=/tmp/old,after=.)")
     parser.add_argument("--pipelines", default="scheduler,ensemble", help="with --compare")
     parser.add_argument("--shape", default="medium", help="with --compare: loadtest.models shape of the model")
-    parser.add_argument("--name", default="local-2core-storm", help="with --compare: results folder name")
-    parser.add_argument("--out", default="", help="with --compare: results root (default loadtest/results)")
+    parser.add_argument("--name", default="storm", help="the run's name (with --compare: its results folder)")
+    parser.add_argument("--out", default="", help="with --compare: results root (default loadtest/results/runs)")
+    add_table_argument(parser)
     args = parser.parse_args(argv)
     if args.compare:
         compare(args)
         return
+    from loadtest.machine import describe_machine
+
     texts = fixed_length_corpus(args.words, size=args.texts)
     reference = references(args.triton, args.model, texts)
+    context = RunContext.of(describe_machine(), args.name, args.gateway)
     for retry in args.retry.split(","):
         settings = StormSettings(model=args.model, storm_clients=args.clients, storm_s=args.seconds,
                                  retry=retry)  # type: ignore[arg-type]
         report = run_storm_sync(args.gateway, reference, settings, log=print)
         print(json.dumps({"settings": asdict(settings), **report.summary()}, indent=2))
+        record_rows(table_rows(context, f"{args.gateway} retry={retry}", f"{args.clients} clients, {args.words} words",
+                               report.summary()), args.table)
 
 
 if __name__ == "__main__":

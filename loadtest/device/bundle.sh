@@ -3,9 +3,8 @@
 # (a call carries at most 64 MiB with the working tree; see README.md). Idempotent.
 #   .gpu/b  tritonserver (PyPI wheel binary) + gateway/builder/loadtest wheels  call 1 (setup only)
 #           (pydantic too) + numpy 1.26.4 for the python-backend stub
-#   .gpu/a  onnxruntime-gpu 1.31.1 (CUDA provider pruned to sm_90)              call 2: the benchmark
-#           (a is 61 MB: with the 3.5 MB working tree, nothing else fits beside it)
-#   .gpu/d  py-spy and uvloop (the gateway's event loop A/B): a call of its own   any call after b
+#   .gpu/a  onnxruntime-gpu 1.31.1 (CUDA provider pruned to sm_90)              call 2: the model step
+#           (a is 61 MB: beside it only the working tree fits)
 #   .gpu/c  infinity-emb 0.0.78, the versions it pins, its server's packages    call 3: infinity-emb
 #           and numpy 1.26.4 (a call of its own: it needs nothing of a or b)
 set -euo pipefail
@@ -32,8 +31,6 @@ download "$out/b/whl" pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.
 download "$out/b/whl" fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 pydantic-settings==2.16.3 \
   python-dotenv==1.2.4 orjson==3.13.0 tritonclient==2.73.0 python-rapidjson==1.25 opentelemetry-api==1.45.2 \
   numpy==1.26.4 swagger-ui-bundle==1.1.0 sniffio==1.3.1
-mkdir -p "$out/d/whl"
-download "$out/d/whl" py-spy==0.4.3 uvloop==0.23.0  # beside neither a's 61 MB nor b's: a call of their own
 if [ ! -f "$out/b/tritonserver.tar.xz" ]; then
   home=$(PYTHON=${PYTHON:-.venv/bin/python} scripts/fetch-tritonserver | tail -1)
   base=$(dirname "$(dirname "$home")")  # keep the wheel's layout: pytriton/tritonserver beside nvidia_pytriton.libs
@@ -47,4 +44,4 @@ download "$out/c/whl" infinity-emb==0.0.78 sentence-transformers==3.4.1 transfor
   prometheus-fastapi-instrumentator==8.1.0 uvicorn==0.32.1 numpy==1.26.4 fastapi==0.165.0 starlette==1.10.0 \
   pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.7.0 typing-inspection==0.4.5 orjson==3.13.0 \
   opentelemetry-api==1.45.2 httptools==0.9.0
-du -sh "$out"/a "$out"/b "$out"/c "$out"/d
+du -sh "$out"/a "$out"/b "$out"/c

@@ -27,9 +27,9 @@ venv() {  # venv DIR: a venv whose own packages come first, then the host's; pri
 if [ -f "$root/a/ort-sm90.tar.xz" ] && [ ! -d /tmp/ortgpu/onnxruntime ]; then
   mkdir -p /tmp/ortgpu && xz -T0 -dc "$root/a/ort-sm90.tar.xz" | tar -C /tmp/ortgpu -x
 fi
-for part in a b d; do
+for part in a b; do
   if ls "$root/$part"/whl/*.whl >/dev/null 2>&1; then
-    install /tmp/site $(ls "$root/$part"/whl/*.whl | grep -v -e /numpy- -e /py_spy-)
+    install /tmp/site $(ls "$root/$part"/whl/*.whl | grep -v -e /numpy-)
   fi
 done
 # numpy 1 travels in b; kept in /tmp so that a later call carrying only a can still make the stub's venv
@@ -47,10 +47,7 @@ if [ -n "$numpy1" ] && [ -d /tmp/ortgpu/onnxruntime ] && [ ! -d /tmp/stubenv/lib
 fi
 if ls "$root"/c/whl/*.whl >/dev/null 2>&1 && [ -n "$numpy1" ] && [ ! -d /tmp/infenv/lib ]; then
   inf_site=$(venv /tmp/infenv)
-  install "$inf_site" $(ls "$root"/*/whl/*.whl | grep -v -e /py_spy- -e /uvicorn-0.5 | sort -u -t/ -k4,4)
-fi
-if ls "$root"/*/whl/py_spy-*.whl >/dev/null 2>&1 && [ ! -x /tmp/pyspy/bin/py-spy ]; then
-  install /tmp/pyspy $(ls "$root"/*/whl/py_spy-*.whl | head -1)
+  install "$inf_site" $(ls "$root"/*/whl/*.whl | grep -v -e /uvicorn-0.5 | sort -u -t/ -k4,4)
 fi
 nvlibs=$(find "$host_site/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: || true)
 cat > /tmp/lt-env.sh <<ENV
@@ -60,7 +57,7 @@ export INFINITY_PYTHON=$([ -d /tmp/infenv/lib ] && echo /tmp/infenv/bin/python3)
 export ORT_GPU_PATH=/tmp/ortgpu
 export PYTHONPATH=$PWD:/tmp/site$([ -d /tmp/ortgpu/onnxruntime ] && echo :/tmp/ortgpu)
 export LD_LIBRARY_PATH=$nvlibs:\${LD_LIBRARY_PATH:-}
-export PATH=/tmp/site/bin:/tmp/pyspy/bin:\$PATH
+export PATH=/tmp/site/bin:\$PATH
 export PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1
 ENV

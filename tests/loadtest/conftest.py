@@ -1,5 +1,6 @@
 """Fixtures of the load-test tests: a real gateway process (1 worker, shm) in front of the session's
-fake-contract tritonserver (tests/conftest.py), as devstack runs them."""
+fake-contract tritonserver (tests/conftest.py), as devstack runs them; and a results table of their own, so that no
+test appends to loadtest/results/results.csv."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
+from loadtest.results_table import TABLE_ENV
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,14 @@ class Stack:
 
     triton: TritonServer
     gateway: GatewayProcess
+
+
+@pytest.fixture(autouse=True)
+def own_results_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The table the benchmarks append to in this test (their child processes inherit it)."""
+    table = tmp_path / "results.csv"
+    monkeypatch.setenv(TABLE_ENV, str(table))
+    return table
 
 
 @pytest.fixture(scope="session")
