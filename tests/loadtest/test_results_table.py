@@ -117,10 +117,11 @@ def test_a_docs_block_is_replaced_and_nothing_else() -> None:
         replace_block("no block here", "new figures")
 
 
-def test_the_docs_figures_are_the_tables() -> None:
-    """docs/benchmarks.md shows what `python -m loadtest results --docs docs/benchmarks.md` makes of the table."""
-    doc = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
-    assert replace_block(doc, how_fast(ROWS)) == doc
+@pytest.mark.parametrize("doc", ["docs/benchmarks.md", "README.md"])
+def test_the_docs_figures_are_the_tables(doc: str) -> None:
+    """The docs show what `python -m loadtest results --docs DOC` makes of the table."""
+    text = (REPO_ROOT / doc).read_text()
+    assert replace_block(text, how_fast(ROWS)) == text
 
 
 def test_the_plots_are_written(tmp_path: Path) -> None:
