@@ -291,3 +291,14 @@ async def test_refusals_before_routing_are_counted_on_their_route(fake_triton: T
     counted = {route: delta(before, after, "gateway_requests_total", route=route, status="401")
                for route in [*calls.values(), "unmatched"]}
     assert counted == {**{route: 1 for route in calls.values()}, "unmatched": 0}, counted
+
+
+async def test_the_docs_routes_are_counted_on_their_own_paths(fake_triton: TritonServer) -> None:
+    """FastAPI's own routes (the OpenAPI document, Swagger UI) are routes too, not `unmatched`."""
+    async with running_gateway(fake_triton.grpc_url, triton_http_url=fake_triton.http_address, shm="none") as (_, client):
+        before = (await client.get("/metrics")).text
+        assert (await client.get("/openapi.json")).status_code == 200
+        assert (await client.get("/docs")).status_code == 200
+        after = (await client.get("/metrics")).text
+    assert [delta(before, after, "gateway_requests_total", route=route, status="200")
+            for route in ("/openapi.json", "/docs", "unmatched")] == [1, 1, 0]
