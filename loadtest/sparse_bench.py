@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = (("splade_onnx", Output("sparse_embeddings", VOCAB, "bench")),
                      ("splade_topk", Output("topk", 2 * args.k, "bench")))
             for step, output in steps:
-                await client.ensure_pool(step, {"input_ids": rows_ * width * 4, "attention_mask": rows_ * width * 4,
+                await client.pools.ensure(step, {"input_ids": rows_ * width * 4, "attention_mask": rows_ * width * 4,
                                                 "token_type_ids": rows_ * width * 4,
                                                 output.name: rows_ * output.width * 4}, 2)
             medians = await _interleaved_async(

@@ -85,7 +85,7 @@ class Inference:
         pooled = await self.scheduled.sync(served if self.settings.pipeline == "scheduler" else [])
         pooled |= await self.ensemble.sync([(m, e) for m, e in served if not self.scheduled.serves(e)])
         for name in set(self.client.pools) - pooled:
-            await self.client.drop_pool(name)
+            await self.client.pools.drop(name)
 
     async def close(self) -> None:
         await self.scheduled.close()

@@ -24,7 +24,8 @@ from gateway.service.inference.pipeline import (
 from gateway.service.registry import Endpoint, ServedModel
 from gateway.service.tokenization import TokenizerQueue, TokenizerUnavailable, load_encoder
 from gateway.settings import GatewaySettings
-from gateway.triton.client import Output, TritonClient
+from gateway.triton.client import TritonClient
+from gateway.triton.tensors import Output
 
 
 class EnsemblePipeline:
@@ -151,7 +152,7 @@ class EnsemblePipeline:
         }
         if model.pairs:
             sizes[TEXT_PAIR] = sizes[TEXT]
-        await self.client.ensure_pool(endpoint.triton_model, sizes, s.shm_pool_size)
+        await self.client.pools.ensure(endpoint.triton_model, sizes, s.shm_pool_size)
 
     async def close(self) -> None:
         """Nothing to stop: the ensemble pipeline keeps no task of its own."""

@@ -25,7 +25,8 @@ from gateway.service.registry import Endpoint, ServedModel
 from gateway.service.scheduler import BatchScheduler
 from gateway.service.tokenization import TokenizerQueue, TokenizerUnavailable, load_encoder
 from gateway.settings import GatewaySettings
-from gateway.triton.client import Output, TritonClient
+from gateway.triton.client import TritonClient
+from gateway.triton.tensors import Output
 
 log = logging.getLogger("gateway.inference")
 
@@ -206,7 +207,7 @@ class ScheduledPipeline:
             sizes = input_sizes(policy, model.max_seq_len)
             tokens = sizes[INPUT_IDS] // 4
             sizes[output] = tokens * max(dim, 1) * 4
-            await self.client.ensure_pool(pool, sizes, policy.max_in_flight + 1)
+            await self.client.pools.ensure(pool, sizes, policy.max_in_flight + 1)
         except GatewayError:  # Triton unavailable: made again, pool included, on the next request
             if self.token_pipelines.get(key) is pipeline:
                 del self.token_pipelines[key]
@@ -221,7 +222,7 @@ class ScheduledPipeline:
         policy = self.pipelines[endpoint.step_model].scheduler.policy
         sizes = input_sizes(policy, model.max_seq_len)
         sizes[model.output_name] = policy.max_rows * model.output_width * 4
-        await self.client.ensure_pool(endpoint.step_model, sizes, policy.max_in_flight + 1)
+        await self.client.pools.ensure(endpoint.step_model, sizes, policy.max_in_flight + 1)
 
     async def close(self) -> None:
         await asyncio.gather(*self._retiring, return_exceptions=True)
