@@ -58,24 +58,25 @@ VARIANTS = {"modernbert-8k": ("before", "warm-up bounded", "after"), "xlmr-8k (b
 @contextmanager
 def _variant(name: str) -> Iterator[None]:
     """The builder with the behaviour before issue 23 switched back on, as `name` says."""
-    import builder.build
+    import builder.exporting
+    import builder.plan
     import builder.configs
 
     from contract.batching import GPU_WIDTHS
 
-    rows, fused, widths = builder.configs.warmup_max_length_rows, builder.build.FUSED_EXPORT_TYPES, builder.build.default_widths
+    rows, fused, widths = builder.configs.warmup_max_length_rows, builder.exporting.FUSED_EXPORT_TYPES, builder.plan.default_widths
     if name == "before":
         builder.configs.warmup_max_length_rows = lambda s: s.max_batch_size  # type: ignore[assignment]
         # GPU builds: widths up to 512, then max_seq_len itself
-        builder.build.default_widths = lambda m: tuple(sorted({w for w in GPU_WIDTHS if w < m} | {m}))  # type: ignore
+        builder.plan.default_widths = lambda m: tuple(sorted({w for w in GPU_WIDTHS if w < m} | {m}))  # type: ignore
     if name in ("before", "warm-up bounded"):
-        builder.build.FUSED_EXPORT_TYPES = frozenset()  # type: ignore[misc]
+        builder.exporting.FUSED_EXPORT_TYPES = frozenset()  # type: ignore[misc]
     try:
         yield
     finally:
         builder.configs.warmup_max_length_rows = rows  # type: ignore[assignment]
-        builder.build.FUSED_EXPORT_TYPES = fused  # type: ignore[misc]
-        builder.build.default_widths = widths  # type: ignore[assignment]
+        builder.exporting.FUSED_EXPORT_TYPES = fused  # type: ignore[misc]
+        builder.plan.default_widths = widths  # type: ignore[assignment]
 
 
 def _rss_kib(pid: int) -> int:
