@@ -70,7 +70,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     max_seq_len = request.max_seq_len or min(limit, st.max_seq_length or 512)
     if max_seq_len > limit:
         raise BuildError(f"{request.name}: --max-seq-len {max_seq_len} is above the model's limit of {limit} tokens")
-    task_settings = task_settings(request, source, task, st)
+    for_task = task_settings(request, source, task, st)
     # On a GPU, where each call has a fixed cost, one merged batch serves more than a batch per length bucket; on a
     # CPU the padding of merged batches to the widest request costs more than the calls it saves.
     merge_buckets = request.merge_buckets
@@ -109,7 +109,7 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
     return ResolvedSettings(
         model=request.model, revision=source.revision, task=task, name=request.name, formats=formats,
         max_seq_len=max_seq_len, max_batch_size=request.max_batch_size, device=request.device, runtime=request.runtime,
-        pooling=task_settings.pooling, labels=task_settings.labels, length_buckets=sorted(set(request.length_buckets)),
+        pooling=for_task.pooling, labels=for_task.labels, length_buckets=sorted(set(request.length_buckets)),
         dynamic_batching=request.dynamic_batching,
         tokenizer_queue_delay_us=DEFAULT_TOKENIZER_QUEUE_DELAY_US if delay is None else delay,
         step_queue_delay_us=DEFAULT_STEP_QUEUE_DELAY_US if delay is None else delay,
@@ -121,13 +121,13 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         merge_buckets=merge_buckets,
         trt_opt_batch_size=request.trt_opt_batch_size or min(8, request.max_batch_size),
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
-        pairs=task_settings.pairs, normalize=task_settings.normalize, prompts=task_settings.prompts,
-        default_prompt_name=task_settings.default_prompt_name, matryoshka_dims=task_settings.matryoshka_dims,
-        score_label=task_settings.score_label, warmup=request.warmup, onnx_accelerator=accelerator,
+        pairs=for_task.pairs, normalize=for_task.normalize, prompts=for_task.prompts,
+        default_prompt_name=for_task.default_prompt_name, matryoshka_dims=for_task.matryoshka_dims,
+        score_label=for_task.score_label, warmup=request.warmup, onnx_accelerator=accelerator,
         onnx_trt_cache=request.onnx_trt_cache if accelerator == "tensorrt" else "",
-        splade_pooling=task_settings.splade.pooling if task_settings.splade else None,
-        splade_activation=task_settings.splade.activation if task_settings.splade else None,
-        flag_heads=task_settings.flag_heads, sparse_skip_ids=task_settings.sparse_skip_ids, layout=layout,
+        splade_pooling=for_task.splade.pooling if for_task.splade else None,
+        splade_activation=for_task.splade.activation if for_task.splade else None,
+        flag_heads=for_task.flag_heads, sparse_skip_ids=for_task.sparse_skip_ids, layout=layout,
     )
 
 
