@@ -76,7 +76,7 @@ class OneRowGraphs:
     A call copies to the device only the inputs that differ from what the buffers hold: the index tensors of a
     one-row run (cu_seqlens, token_offset, position_ids, ...) depend on its token count alone, so they are bound
     at capture and never copied again, and the token types of a single text (all 0) rarely change. Each copy is
-    a synchronous host-to-device cudaMemcpy; a lone text made seven of them, now one."""
+    a synchronous host-to-device cudaMemcpy, so a lone text's call copies its token ids and nothing else."""
 
     VARYING = (INPUT_IDS, TOKEN_TYPE_IDS)  # a one-row run's inputs that are not a function of its token count
 
