@@ -9,7 +9,9 @@ import torch
 from pydantic import BaseModel
 from transformers import PreTrainedTokenizerFast
 
+from builder.errors import BuildError
 from builder.export import RepositoryModel
+from builder.logs import Log
 from contract import ATTENTION_MASK, INPUT_IDS, TOKEN_INPUTS, TOKEN_TYPE_IDS
 from contract.packing import PackedRows, pack_padded
 
@@ -141,3 +143,10 @@ def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarr
     return ParityResult(artifact=artifact, output=output, sentences=len(reference), max_seq_len=max_seq_len,
                         max_abs_diff=diff,
                         min_cosine=cosine, argmax_agree=agree, passed=passed, thresholds=thresholds)
+
+
+def check(result: ParityResult, name: str, log: Log) -> None:
+    """Log one artifact's parity; a failed one fails the build of model `name` before anything is published."""
+    log(f"parity {name} {result.summary()}")
+    if not result.passed:
+        raise BuildError(f"{name}: parity failed, nothing published: {result.summary()}")

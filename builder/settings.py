@@ -23,13 +23,12 @@ DEFAULT_SPARSE_MAX_BATCH_TOKENS = 4096  # a SPLADE call holds tokens x vocabular
 # Queue policy of every dynamic batcher (docs/contract.md): no request waits longer than this in a
 # model's queue (a caller's own timeout can only shorten it); a queue holds this many full batches.
 # No queue policy by default: Triton 2.51's dynamic batcher with any `default_queue_policy` stalls
-# ~500 ms now and then (measured here: docs/contract.md "Queue policy"; upstream issue
-# triton-inference-server/server#8870). The gateway sheds load and cancels what it abandons instead.
+# now and then (docs/contract.md "Queue policy"; upstream: triton-inference-server/server#8870). The gateway
+# sheds load and cancels what it abandons instead.
 DEFAULT_QUEUE_TIMEOUT_MS = 0
 # Dynamic batcher delays. The tokenizer waits a little to merge an ensemble's texts into batches; a model step
-# runs at once: its callers (the gateway's scheduler, the tokenizer) send it batches already, and its wait only
-# lengthened each batch's round trip (H100, loadtest/results/h100-20w-queue-delay: 0 instead of 100 us served
-# single texts 1.02-1.07x and 32-text requests 1.08-1.14x through the scheduler, in three rounds).
+# runs at once: its callers (the gateway's scheduler, the tokenizer) send it batches already, and a wait would
+# only lengthen each batch's round trip.
 DEFAULT_TOKENIZER_QUEUE_DELAY_US = 100
 DEFAULT_STEP_QUEUE_DELAY_US = 0
 # Where Triton's onnxruntime backend keeps the engines ONNX Runtime's TensorRT provider compiles
@@ -99,7 +98,7 @@ class BuildRequest(BaseModel):
     )
     instances: int | None = Field(
         default=None, gt=0, description="instances of the model step (onnx / trt); default: 4 for the python "
-        "runtime on a GPU (each call's fixed cost overlaps with the others', loadtest/results/h100-7-tuning), "
+        "runtime on a GPU (each call's fixed cost overlaps with the others'), "
         "2 for the native runtime on a GPU, 1 on a CPU")
     tokenizer_instances: int | None = Field(
         default=None, gt=0, description="instances of the tokenizer (the ensembles'); default: 4 on a GPU "

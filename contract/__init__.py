@@ -76,7 +76,7 @@ LABELS_FILE = "labels.txt"
 
 # What the python runner's onnxruntime CUDA sessions run with, and so the builder's parity of its builds:
 # TF32 off, since onnxruntime's CUDA provider computes fp32 GEMMs in TF32 (10-bit mantissa) by default and an
-# fp32 build is then not fp32: a deep model drifts past the parity gate (loadtest/results/h100-23-deep-parity).
+# fp32 build is then not fp32: a deep model drifts past the parity gate.
 # builder/triton_models/onnx_runner.py keeps a copy (it runs inside Triton, without this package);
 # tests/builder/test_runner_options.py checks that they agree.
 CUDA_PROVIDER_OPTIONS: dict[str, str] = {"use_tf32": "0"}

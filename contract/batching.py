@@ -6,9 +6,9 @@ the builder copies this file next to the runner's model.py, so only the standard
 imported here.
 
 Shapes. A model step may declare the widths and row counts its batches take (config parameters
-`batch_widths`, `batch_rows`): onnxruntime's CUDA provider spends ~50 ms on the first run of every
-new input shape of the fused fp16 BERT graph (measured on an H100, loadtest/cold_shapes.py), so a
-GPU step keeps to a few shapes, warmed at load. Without them a batch is padded to its own longest
+`batch_widths`, `batch_rows`): onnxruntime's CUDA provider spends tens of milliseconds on the first
+run of every new input shape of the fused fp16 BERT graph, so a GPU step keeps to a few shapes, warmed
+at load. Without them a batch is padded to its own longest
 row and takes any row count (the CPU provider has no such cost).
 
 Cutting. A batch is padded to its own longest row (rounded up to a declared width) and grows while it

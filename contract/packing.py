@@ -39,8 +39,7 @@ GRAPH_INPUTS = (INPUT_IDS, TOKEN_TYPE_IDS, CU_SEQLENS, TOKEN_OFFSET, POSITION_ID
 MAX_RUN_CELLS = 1 << 26
 # Token counts a run on the GPU is filled up to (`filled_tokens`): 32 sizes per doubling, exact below 64 tokens. Every
 # GEMM of the graph has the run's token count as its row count, and cuBLAS chooses an algorithm per new shape on the
-# host: with raw token counts (nearly every call a new one) that took most of a step's time under load on the H100
-# (loadtest/results/h100-20g-stub-profile).
+# host: with raw token counts (nearly every call a new one) that choice would take most of a step's time under load.
 FILL_SIZES_PER_DOUBLING = 32
 FILLER_MIN_ROW = 8  # a filler row's length when every real row is shorter
 

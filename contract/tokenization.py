@@ -155,7 +155,7 @@ def _encode(tokenizer: Tokenizer, inputs: list[Any]) -> list[Encoding]:
 
 def _encode_once(tokenizer: Tokenizer, inputs: list[Any]) -> list[Encoding]:
     # encode_batch_fast (tokenizers 0.21+) gives the same ids, type ids and special-token masks without the
-    # offsets, which nothing here reads: about 20% less time per text, for one text too
-    # (loadtest/results/local-2core-20g-gateway-cpu). An older tokenizers (a Triton image's) has encode_batch.
+    # offsets, which nothing here reads and which cost time per text, for one text too. An older tokenizers (a
+    # Triton image's) has encode_batch.
     encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
     return encode(inputs, add_special_tokens=True)

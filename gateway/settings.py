@@ -61,8 +61,8 @@ class GatewaySettings(BaseSettings):
     max_batches_in_flight: int = Field(
         2, ge=1, description="Batches in flight to a model step per instance Triton runs of it (all its GPUs), "
         "shared by the workers: each worker keeps ceil(this x instances / workers), at least 1 (the ensemble "
-        "pipeline: that many max-size chunks of texts). Texts queue and batch behind them. 2 = one per worker "
-        "with 8 workers on a GPU's 4 instances, measured best on the H100 (loadtest/results/h100-20-tuning).",
+        "pipeline: that many max-size chunks of texts). Texts queue and batch behind them; 2 keeps each instance "
+        "a batch ready behind the one it runs.",
     )
     batch_call_cost_tokens: int | None = Field(
         None, ge=0, description="What one more model call costs, in tokens, when batches are cut by length "
@@ -132,10 +132,8 @@ class GatewaySettings(BaseSettings):
         "auto", description="Threads of the Rust tokenizer's pool in each worker: a number (1 = no pool: the worker "
         "tokenizes on one thread), or `auto`: the worker's share of the gateway's CPUs (the quota, else three "
         "quarters of the host's), and at least 4 where the gateway has 8 CPUs or more (4 with the default 12 workers "
-        "on a 16-core host; 1 on a 2-core host or with a CPU limit of 2). On the GPU host a pool of 4 halved a "
-        "32-text request's tokenizing and served 1.03-1.05x the texts/s, single texts even "
-        "(loadtest/results/h200-20ai-tokenizer-threads); where the gateway has no spare CPU a pool cost 10% of "
-        "single-text throughput (loadtest/results/local-2core-20ai-tokenizer-pool-cpu-bound). Without the setting "
+        "on a 16-core host; 1 on a 2-core host or with a CPU limit of 2): a pool shortens a many-text request's "
+        "tokenizing where the gateway has spare cores, and takes throughput where it has none. Without the setting "
         "every worker would start a pool as large as the host.",
     )
     loop: Literal["asyncio", "uvloop", "auto"] = Field(
@@ -195,25 +193,22 @@ def cpu_quota() -> int | None:
 def gateway_cpus() -> int:
     """The CPUs the gateway counts as its own, at least 1: those of this process's quota (a gateway container
     with a CPU limit has them to itself); without one, three quarters of the CPUs it may run on (the rest is left
-    to Triton and its python stubs on the same host: 2.2 cores at the most single-text load of a 16-core H100
-    host, loadtest/results/h100-20ac-final)."""
+    to Triton and its python stubs on the same host, which take a few cores at the most single-text load)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cpu_quota()
     return max(1, min(quota, cpus) if quota is not None else cpus * 3 // 4)
 
 
-MAX_AUTO_WORKERS = 12  # the most measured (16-core H100 and H200 hosts, loadtest/results/h200-20ad-final)
+MAX_AUTO_WORKERS = 12  # the largest worker count the benchmarks showed to pay (docs/benchmarks.md)
 
 
 def auto_workers() -> int:
-    """GATEWAY_WORKERS=auto, 1 to 12: the gateway's CPUs (`gateway_cpus`: 12 on a 16-core GPU host, where 12
-    workers served a median 1.09x the single texts of 8 and the same 32-text requests over nine A/B pairs on
-    four machines, loadtest/results/h200-20ad-final)."""
+    """GATEWAY_WORKERS=auto, 1 to MAX_AUTO_WORKERS: the gateway's CPUs (`gateway_cpus`: 12 on a 16-core GPU host)."""
     return min(MAX_AUTO_WORKERS, gateway_cpus())
 
 
-# A pool of 4 per worker pays where cores are spare (loadtest/results/h200-20ai-tokenizer-threads: 12 CPUs) and costs
-# where none are (local-2core-20ai-tokenizer-pool-cpu-bound: 2 CPUs)
+# A pool of 4 per worker pays where the gateway has cores to spare and costs throughput where it has none: it starts
+# at POOL_MIN_CPUS of the gateway's CPUs.
 AUTO_TOKENIZER_THREADS = 4
 POOL_MIN_CPUS = 8
 

@@ -7,8 +7,8 @@ import triton_python_backend_utils as pb_utils
 
 # Requests cancelled while they waited (the caller cancelled, or its gRPC deadline passed) are answered
 # with an error and left out of the batch. Without a queue policy (the builder's default) Triton 2.51
-# hands cancelled queued requests to the model; with one it drops them itself. request.is_cancelled() is one round trip to the
-# server per request (~50 us on 2 CPU cores, more than tokenizing a short text), so the requests are
+# hands cancelled queued requests to the model; with one it drops them itself. request.is_cancelled() is one round
+# trip to the server per request (on a small CPU, more than tokenizing a short text), so the requests are
 # checked only after a long execute(), behind which they may have waited long.
 CHECK_CANCELLED_AFTER_S = 0.02
 

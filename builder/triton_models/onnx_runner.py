@@ -47,7 +47,7 @@ def _cuda_session(path, options, device, provider_options=None):
         raise RuntimeError(f"KIND_GPU instance, but onnxruntime {ort.__version__} has no CUDA provider "
                            "(install onnxruntime-gpu, or build with --device cpu)")
     # onnxruntime 1.31 warns "No registered plugin EP device found for 'CUDAExecutionProvider' with
-    # device_id=0" here and still runs on its built-in CUDA provider (seen on the H100 host).
+    # device_id=0" here and still runs on its built-in CUDA provider.
     cuda = {**CUDA_PROVIDER_OPTIONS, **(provider_options or {}), "device_id": str(device)}
     providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     session = ort.InferenceSession(path, sess_options=options, providers=providers)
@@ -70,8 +70,8 @@ class TritonPythonModel:
         packed = parameters.get("layout", {}).get("string_value", "padded") == "packed"
         if packed:
             # Nearly every packed call has a token count the session has not seen, and onnxruntime plans and caches
-            # a memory pattern per input shape: on the H100 that made such calls 2.3x slower on average than with
-            # the pattern off (loadtest/results/h100-20c-packed-step, "Fresh batches"); its arena serves them.
+            # a memory pattern per input shape, which makes such calls slower than with the pattern off; its arena
+            # serves them.
             options.enable_mem_pattern = False
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"

@@ -41,10 +41,9 @@ ATTENTION_MASK = "attention_mask"  # a padded request's; the packed layout's nam
 WARMUP_SHORT_TOKENS = 16
 MAX_ERROR_CHARS = 500
 # A run of one row of at most this many tokens (a lone short text: low load, queries) replays a CUDA graph captured
-# at load, one per token count. A graph replays the ~130 kernels of a call with one launch: on the H100 a lone
-# 11-token text took 0.6 ms instead of 1.95 (loadtest/results/h100-20j-probes). Longer or many-row runs
-# keep session.run: the gain shrinks with a run's size, and replaying every run at one of a few shapes measured
-# slower under load than 4 instances of session.run (loadtest/results/h100-20l-graph-modes).
+# at load, one per token count: a graph replays the kernels of a call with one launch, and a short run's time is
+# mostly launches. Longer or many-row runs keep session.run: the gain shrinks with a run's size, and replaying
+# every run at one of a few shapes was slower under load than several instances of session.run.
 GRAPH_MAX_TOKENS = 128
 
 
@@ -77,7 +76,7 @@ class OneRowGraphs:
     A call copies to the device only the inputs that differ from what the buffers hold: the index tensors of a
     one-row run (cu_seqlens, token_offset, position_ids, ...) depend on its token count alone, so they are bound
     at capture and never copied again, and the token types of a single text (all 0) rarely change. Each copy is
-    a synchronous host-to-device cudaMemcpy; a lone text made seven of them, now one."""
+    a synchronous host-to-device cudaMemcpy, so a lone text's call copies its token ids and nothing else."""
 
     VARYING = (INPUT_IDS, TOKEN_TYPE_IDS)  # a one-row run's inputs that are not a function of its token count
 
@@ -156,7 +155,10 @@ class PackedSteps:
     def rows_of(self, request):
         """(the request's rows in the packed layout, checked; its padded width, None for a packed request), or
         PackingError."""
-        ids, mask, types, cu = (_tensor(request, n) for n in (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS))
+        return self._checked(*(_tensor(request, n) for n in (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS, CU_SEQLENS)))
+
+    def _checked(self, ids, mask, types, cu):
+        """`rows_of` on a request's tensors (None where it has none): the one check of every request."""
         if (mask is None) == (cu is None):
             raise PackingError("a request carries exactly one of attention_mask (padded rows) and cu_seqlens "
                                "(packed rows)")
@@ -225,22 +227,20 @@ class PackedSteps:
 
     def _lone_row(self, request):
         """The response to an execute() of one packed request of one row that a CUDA graph covers (a lone short
-        text at low load), without merging, cutting runs or splitting outputs: the runner's Python for it 80 -> 10 us
-        on the H200 host (loadtest/results/h200-20al-lone-row). None for any other request, and for one to refuse:
-        the general path answers those, with the reason."""
+        text at low load), without merging, cutting runs or splitting outputs, whose Python would be most of the
+        runner's own time for such a text. The request is checked as every request is (`_checked`), and refused
+        with the same reason. None for any other request: the general path answers it."""
         tensors = {tensor.name(): tensor for tensor in request.inputs()}  # one pass, not one per name
         if not self._LONE_INPUTS.issubset(tensors) or ATTENTION_MASK in tensors:
             return None
         cu, ids, types = (tensors[name].as_numpy() for name in (CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS))
-        if cu.shape != (1, 2) or int(cu[0, 0]) != 0 or ids.shape != (1, int(cu[0, 1])) or types.shape != ids.shape:
-            return None
-        row = PackedRows(ids[0].astype(np.int32, copy=False), types[0].astype(np.int32, copy=False), cu[0])
-        longest = self.max_seq_len or row.tokens
-        if not 1 <= row.tokens <= longest or not self.graphs.covers(row, self._requested(request)):
+        if cu.shape != (1, 2):  # not one row
             return None
         try:
-            check_ids(row, *self.vocab_sizes)
-        except PackingError:
+            row, _ = self._checked(ids, None, types, cu)
+        except PackingError as exc:
+            return _error_response(str(exc))
+        if not self.graphs.covers(row, self._requested(request)):
             return None
         try:
             out = self.graphs(self.graphs.feed(row.input_ids, row.token_type_ids, self.inputs), row.tokens)

@@ -30,9 +30,8 @@ _HALF_LIFE_CALLS = 64  # the fit forgets older calls by this half-life (the hard
 _DECAY = 0.5 ** (1 / _HALF_LIFE_CALLS)
 _MIN_SPREAD = 0.2  # units must vary by this much (coefficient of variation) to split per-call from per-unit cost
 # Calls measured before the fit may refuse anything. The first calls of a fresh stack pay one-time costs, and two
-# or three of them can dominate the fit. On the H100, 256 clients starting at once were told "about 1.1-2.4s of work
-# ahead" and refused, by a stack that served them at 9,000 texts/s (loadtest/results/h100-20n-threaded-step). Under
-# a real overload 16 calls take well under a second.
+# or three of them can dominate the fit: a burst of clients starting at once would be refused by a stack that can
+# serve them. Under a real overload 16 calls take well under a second.
 MIN_CALLS = 16
 
 

@@ -43,13 +43,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS, Layout
+from contract import INPUT_IDS, Layout
 from contract.batching import Shapes, within_limits
 from contract.tokenization import EncodedTexts
 from gateway import tracing
 from gateway.errors import ErrorType, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
+from gateway.service.batch_tensors import outputs_by_row, packed_tensors, padded_tensors
 
 log = logging.getLogger("gateway.scheduler")
 
@@ -343,48 +344,17 @@ class BatchScheduler:
             width, alone = max(width, w), alone + w
         return width, alone, True
 
-    def _padded(self, batch: list[_Row], rows: int) -> dict[str, np.ndarray]:
-        """input_ids, attention_mask, token_type_ids [rows, width] of a batch, in a declared shape: dummy
-        rows (one unmasked pad token each, outputs dropped) bring it to a declared row count."""
-        p = self.policy
-        lengths = np.zeros(rows, dtype=np.int64)
-        lengths[: len(batch)] = [row.length for row in batch]
-        width = p.shapes.width(int(lengths.max()))
-        real = np.arange(width) < lengths[:, None]
-        ids = np.full((rows, width), p.pad_id, dtype=np.int32)
-        ids[real] = np.concatenate([row.ids for row in batch])
-        types = np.zeros((rows, width), dtype=np.int32)
-        if any(row.types is not None for row in batch):
-            types[real] = np.concatenate([
-                row.types if row.types is not None else np.zeros(row.length, np.int32) for row in batch
-            ])
-        mask = real.astype(np.int32)
-        mask[len(batch):, 0] = 1
-        return {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types}
-
-    @staticmethod
-    def _packed(batch: list[_Row]) -> dict[str, np.ndarray]:
-        """input_ids, token_type_ids [1, T] (the rows back to back) and cu_seqlens [1, rows + 1]."""
-        ids = np.concatenate([row.ids for row in batch]).astype(np.int32, copy=False)
-        if any(row.types is not None for row in batch):
-            types = np.concatenate([row.types if row.types is not None else np.zeros(row.length, np.int32)
-                                    for row in batch]).astype(np.int32, copy=False)
-        else:
-            types = np.zeros(len(ids), np.int32)
-        cu = np.zeros(len(batch) + 1, np.int32)
-        np.cumsum([row.length for row in batch], out=cu[1:])
-        return {INPUT_IDS: ids[None], TOKEN_TYPE_IDS: types[None], CU_SEQLENS: cu[None]}
-
     async def _run(self, batch: list[_Row], rows: int, tokens: int, handle: _Batch) -> None:
         start = time.perf_counter()
         mark = self.backlog.call_started()
         results: list[np.ndarray] | None = None
         try:
-            if self.policy.layout == "packed":
-                tensors = self._packed(batch)
+            p, ids, types = self.policy, [row.ids for row in batch], [row.types for row in batch]
+            if p.layout == "packed":
+                tensors = packed_tensors(ids, types)
                 computed, width = tokens, max(row.length for row in batch)
             else:
-                tensors = self._padded(batch, rows)
+                tensors = padded_tensors(ids, types, rows, p.shapes, p.pad_id)
                 computed, width = tensors[INPUT_IDS].size, tensors[INPUT_IDS].shape[1]
             self._metrics.observe(rows=rows, computed=computed, real=tokens, waited=start - batch[0].since)
             with tracing.batch(self.name, (row.caller.trace for row in batch), rows=len(batch), tokens=tokens,
@@ -393,7 +363,7 @@ class BatchScheduler:
             self.backlog.observe_latency(time.perf_counter() - start)
             self.backlog.served(tokens, len(batch), mark)
             handle.served = True
-            results = self._rows_of(outputs, batch, tensors)
+            results = outputs_by_row(outputs, [row.length for row in batch], tensors, self.per_token)
         except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about any failure
             if not isinstance(exc, GatewayError):
                 log.exception("batch of %s failed", self.name)
@@ -416,16 +386,6 @@ class BatchScheduler:
                     asyncio.get_running_loop().call_soon(_deliver, batch, results)
                 else:
                     _deliver(batch, results)
-
-    def _rows_of(self, outputs: np.ndarray, batch: list[_Row], tensors: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Each row's output: its row of a pooled output; its own tokens of a per-token one ([rows, width, ...]
-        padded, [T, ...] packed)."""
-        if not self.per_token:
-            return list(outputs)
-        if CU_SEQLENS in tensors:
-            cu = tensors[CU_SEQLENS][0]
-            return [outputs[cu[k]:cu[k + 1]] for k in range(len(batch))]
-        return [outputs[k, : row.length] for k, row in enumerate(batch)]
 
     def _release(self, handle: _Batch) -> bool:
         """Free the in-flight slot of a batch whose call has ended, and send the next batch; whether one left."""

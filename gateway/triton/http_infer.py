@@ -1,9 +1,8 @@
 """Inference over Triton's HTTP/REST endpoint, for calls whose tensors all live in shared memory.
 
 Such a call's message is a few hundred bytes of JSON each way: region names, offsets, shapes. Over keep-alive
-HTTP/1.1 connections read by the event loop itself it costs the worker a tenth of the CPU of a
-`tritonclient.grpc.aio` call, and a lone call ~0.4 ms less (loadtest/results/*-20aj-triton-http), because
-grpc.aio hands every answer from its poller thread to the loop. Everything else (health, repository, shm
+HTTP/1.1 connections read by the event loop itself it costs the worker much less CPU and latency than a
+`tritonclient.grpc.aio` call, because grpc.aio hands every answer from its poller thread to the loop. Everything else (health, repository, shm
 registration, tensors that travel in the message) stays on gRPC.
 
 One request at a time per connection; idle connections are kept for the next call. Failures come back as

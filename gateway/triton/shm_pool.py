@@ -10,8 +10,8 @@ Two kinds of region, one pool (`GATEWAY_SHM`):
 - `system` (`SystemRegion`): POSIX shm objects `/dev/shm/<prefix>_<pid>_<n>`, made and unlinked by
   tritonclient.utils.shared_memory; the pid keeps several workers apart. The gateway reads and writes
   them through a mapping of its own (the standard library's `SharedMemory` attached by name):
-  tritonclient's public `set_shared_memory_region(..., offset)` builds a view per tensor, 3 us more per
-  step call than a slice assignment, and its handle's buffer is private.
+  tritonclient's public `set_shared_memory_region(..., offset)` builds a view per tensor, which costs more
+  per call than a slice assignment, and its handle's buffer is private.
 - `cuda` (`CudaRegion`): device memory of one GPU exported as a CUDA IPC handle
   (tritonclient.utils.cuda_shared_memory), registered with Triton's cuda_shared_memory
   extension; Triton reads and writes the tensors on the GPU, the gateway copies its host arrays
@@ -271,8 +271,8 @@ class ShmPool:
     """Fixed set of regions (system or CUDA) for one Triton model; `lease()` borrows a free one or gives None.
 
     Never waiting for a region matters for throughput: a worker whose regions are all busy
-    sends the call as plain gRPC tensors instead of queueing behind the pool (waiting
-    capped one worker near pool_size / round-trip time, measured in docs/benchmarks.md).
+    sends the call as plain gRPC tensors instead of queueing behind the pool (waiting would
+    cap a worker near pool_size / round-trip time).
 
     A region whose call was abandoned (cancelled, timed out) may still be read and written by
     Triton, which goes on with the request. It is not reused until Triton is done with it:

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder import build as build_module
+from builder import onnx_parity
 from builder.configs import read_config
 from builder.errors import BuildError
 from builder.manifest import MANIFEST_FILE, read_manifest
@@ -207,12 +207,12 @@ def test_parity_failure_publishes_nothing(
     repo = tmp_path / "repo"
     shutil.copytree(python_repository, repo)
     before = tree_hash(repo)
-    real = build_module._onnx_outputs
+    real = onnx_parity.onnx_outputs
 
     def skewed(path: Path, inputs: dict[str, np.ndarray], output: str, device: str, runtime: str) -> np.ndarray:
         return real(path, inputs, output, device, runtime) + np.float32(1e-3)  # a real run, off by more than 1e-4
 
-    monkeypatch.setattr(build_module, "_onnx_outputs", skewed)
+    monkeypatch.setattr(onnx_parity, "onnx_outputs", skewed)
     model = [{"model": str(tiny_classifier_dir), "task": "classify", "name": "tinycls", "max_queue_delay_us": 7}]
     with pytest.raises(BuildError, match=r"parity failed.*max_abs_diff=0\.001"):
         build_repository(repo, model, **PYTHON_CPU, **TINY_LIMITS)

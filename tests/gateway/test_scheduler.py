@@ -46,7 +46,7 @@ async def test_gateway_tokenizer_matches_the_builders_and_tritons(
 ) -> None:
     texts = MULTILINGUAL + make_corpus(CorpusSpec(size=200, seed=7, non_ascii_share=0.5))
     async with running_gateway(triton_server.grpc_url, triton_http_url=triton_server.http_address, repository=str(python_repository)) as (app, _):
-        encoder = app.state.runtime.inference.pipelines["tinyemb_onnx"].tokenizer.encoder
+        encoder = app.state.runtime.inference.scheduled.pipelines["tinyemb_onnx"].tokenizer.encoder
         encoded = encoder.encode(texts)
         single = [encoder.encode([t]) for t in texts[:20]]
     hf = AutoTokenizer.from_pretrained(tiny_embedder_dir)
@@ -165,5 +165,5 @@ async def test_batches_in_flight_follow_the_instances_triton_runs(python_reposit
                 model = app.state.runtime.registry.resolve("tinyemb", "embed")
                 endpoint = model.endpoint(None)
                 assert endpoint.step_instances == instances
-                seen[instances] = app.state.runtime.inference.pipelines[endpoint.step_model].scheduler.policy.max_in_flight
+                seen[instances] = app.state.runtime.inference.scheduled.pipelines[endpoint.step_model].scheduler.policy.max_in_flight
     assert seen == {1: 2, 3: 6}  # the default of 2 per instance, one worker

@@ -27,15 +27,9 @@ from devstack.fake_repository import EMBED_DIM, write_fake_repository
 from devstack.tritonserver import TritonServer, free_port
 from gateway.errors import ErrorKind, ErrorType, GatewayError
 from gateway.settings import GatewaySettings
-from gateway.triton.client import (
-    Output,
-    TritonClient,
-    _in_use,
-    _repository_error,
-    _shm_missing,
-    _status,
-    translate_error,
-)
+from gateway.triton.client import TritonClient
+from gateway.triton.errors import in_use, repository_error, shm_missing, status_name, translate_error
+from gateway.triton.tensors import Output
 from tests.fixtures.triton import serving
 from tests.fixtures.waiting import until
 
@@ -85,10 +79,10 @@ async def test_a_model_triton_does_not_serve_is_model_unavailable(grpc: grpcaio.
     await grpc.unload_model("idle")
     for model, words in (("nosuchmodel", "is not found"), ("idle", "has no available versions")):  # (also: loading)
         exc = await failure(grpc.infer(model, texts("a")))
-        assert _status(exc) == "NOT_FOUND" and f"Request for unknown model: '{model}' {words}" in exc.message()
+        assert status_name(exc) == "NOT_FOUND" and f"Request for unknown model: '{model}' {words}" in exc.message()
         error = translate_error(exc)
         assert error.kind is ErrorKind.UNAVAILABLE and error.type is ErrorType.MODEL_UNAVAILABLE, exc.message()
-        assert not _shm_missing(exc)
+        assert not shm_missing(exc)
     exc = await failure(grpc.get_model_config("idle"))  # discovery meets the same answer
     assert translate_error(exc).type is ErrorType.MODEL_UNAVAILABLE
 
@@ -97,8 +91,8 @@ async def test_an_unknown_shm_region_is_told_apart_from_an_unknown_model(grpc: g
     tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
     tensor.set_shared_memory("gwerrors_gone", 16, 0)  # what a call meets after Triton restarted
     exc = await failure(grpc.infer("fakeemb_onnx", [tensor]))
-    assert _status(exc) == "NOT_FOUND" and "Unable to find shared memory region: 'gwerrors_gone'" in exc.message()
-    assert _shm_missing(exc)
+    assert status_name(exc) == "NOT_FOUND" and "Unable to find shared memory region: 'gwerrors_gone'" in exc.message()
+    assert shm_missing(exc)
     assert translate_error(exc).kind is ErrorKind.UPSTREAM  # (the client registers again and retries first)
 
 
@@ -116,8 +110,8 @@ async def test_a_region_a_request_holds_cannot_be_unregistered(
         held = tmp_path / "gate.held"  # the fake model makes it once the call is inside it
         await until(held.exists, "the holding call inside the model")
         refused = await failure(grpc.unregister_system_shared_memory(name))
-        assert _status(refused) == "INTERNAL" and "it is currently in use" in refused.message()
-        assert _in_use(refused)
+        assert status_name(refused) == "INTERNAL" and "it is currently in use" in refused.message()
+        assert in_use(refused)
     finally:
         gate.touch()
         if holder is not None:
@@ -127,7 +121,7 @@ async def test_a_region_a_request_holds_cannot_be_unregistered(
             try:
                 await grpc.unregister_system_shared_memory(name)
             except InferenceServerException as exc:
-                if _in_use(exc):
+                if in_use(exc):
                     return False
                 raise
             return True
@@ -148,7 +142,7 @@ async def test_a_full_queue_is_overloaded_and_an_unreachable_triton_unavailable(
         done, _ = await asyncio.wait(extra, return_when=asyncio.FIRST_EXCEPTION)  # one waits, the others are refused
         refused = next(call.exception() for call in done)
         assert isinstance(refused, InferenceServerException)
-        assert _status(refused) == "UNAVAILABLE" and "Exceeds maximum queue size" in refused.message()
+        assert status_name(refused) == "UNAVAILABLE" and "Exceeds maximum queue size" in refused.message()
         error = translate_error(refused)
         assert error.type is ErrorType.OVERLOADED and error.retry_after_s
     finally:
@@ -159,7 +153,7 @@ async def test_a_full_queue_is_overloaded_and_an_unreachable_triton_unavailable(
         exc = await failure(nobody.infer("fakeemb_onnx", texts("a"), client_timeout=5))
     finally:
         await nobody.close()
-    assert _status(exc) == "UNAVAILABLE" and "failed to connect" in exc.message()
+    assert status_name(exc) == "UNAVAILABLE" and "failed to connect" in exc.message()
     error = translate_error(exc)
     assert error.type is ErrorType.TRITON_UNAVAILABLE
 
@@ -172,9 +166,9 @@ async def test_a_passed_deadline_is_a_timeout_and_a_refused_load_keeps_its_reaso
         exc = await failure(grpc.infer("fakeemb_onnx", texts(f"hold:{gate} a"), client_timeout=0.2))
     finally:
         gate.touch()
-    assert _status(exc) == "DEADLINE_EXCEEDED" and translate_error(exc).kind is ErrorKind.TIMEOUT
+    assert status_name(exc) == "DEADLINE_EXCEEDED" and translate_error(exc).kind is ErrorKind.TIMEOUT
     exc = await failure(grpc.load_model("nosuchmodel"))  # not a model that is gone: the admin call says why
-    error = _repository_error(exc, "nosuchmodel", "load")
+    error = repository_error(exc, "nosuchmodel", "load")
     assert error.type is ErrorType.LOAD_FAILED and "failed to load 'nosuchmodel'" in error.message, error.message
 
 

@@ -18,7 +18,8 @@ from devstack.fake_repository import EMBED_DIM, fake_num_tokens, fake_vector, wr
 from devstack.tritonserver import TritonServer, free_port
 from gateway.errors import ErrorType, GatewayError
 from gateway.settings import GatewaySettings
-from gateway.triton.client import Output, TritonClient
+from gateway.triton.client import TritonClient
+from gateway.triton.tensors import Output
 from tests.fixtures.triton import serving
 
 pytestmark = pytest.mark.anyio
@@ -63,8 +64,8 @@ async def test_texts_and_token_ids_come_back_as_the_models_computed_them(server:
     client = TritonClient(GatewaySettings(triton_url=server.grpc_url, shm=shm, shm_prefix="gwwire",
                                           triton_http_url=server.http_address if http else "none"))
     try:
-        await client.ensure_pool("fakeemb_onnx", {"text": 1024, "embeddings": 4 * EMBED_DIM * 8, "num_tokens": 32}, 1)
-        await client.ensure_pool("rowsums", {INPUT_IDS: 1024, TOKEN_TYPE_IDS: 4096, CU_SEQLENS: 2048,
+        await client.pools.ensure("fakeemb_onnx", {"text": 1024, "embeddings": 4 * EMBED_DIM * 8, "num_tokens": 32}, 1)
+        await client.pools.ensure("rowsums", {INPUT_IDS: 1024, TOKEN_TYPE_IDS: 4096, CU_SEQLENS: 2048,
                                              "sums": 4 * 3 * 400}, 1)
         assert bool(client.pools) == (shm == "system")
         texts = ["a b", "", "héllo wörld 🙂", "x " * 50]
@@ -124,7 +125,7 @@ async def test_over_http_a_failed_call_is_translated_as_over_grpc(server: Triton
     sizes = {"text": 1024, "embeddings": 4 * (EMBED_DIM + 1), "num_tokens": 32}
     try:
         for model in ("nosuchmodel", "fakeemb_onnx"):
-            await client.ensure_pool(model, sizes, 1)
+            await client.pools.ensure(model, sizes, 1)
         with pytest.raises(GatewayError) as unknown:
             await client.infer_ensemble("nosuchmodel", [b"a"], output, time.monotonic() + 30)
         assert unknown.value.type is ErrorType.MODEL_UNAVAILABLE and "nosuchmodel" in unknown.value.message
@@ -149,7 +150,7 @@ async def test_an_http_endpoint_that_refuses_connections_leaves_the_calls_on_grp
                                           shm="system", shm_prefix="gwhttpoff"))
     output = Output("embeddings", EMBED_DIM, "e")
     try:
-        await client.ensure_pool("fakeemb_onnx", {"text": 1024, "embeddings": 4 * EMBED_DIM, "num_tokens": 32}, 1)
+        await client.pools.ensure("fakeemb_onnx", {"text": 1024, "embeddings": 4 * EMBED_DIM, "num_tokens": 32}, 1)
         for text in ("a", "b c"):  # the second call goes straight to gRPC: one warning
             vectors, _ = await client.infer_ensemble("fakeemb_onnx", [text.encode()], output, time.monotonic() + 30)
             np.testing.assert_array_equal(vectors[0], fake_vector(text, EMBED_DIM))

@@ -1,0 +1,80 @@
+"""The ONNX step's parity run: the published graph on the parity inputs, where it will run (on the GPU when built
+for one and onnxruntime-gpu is installed), each output compared with PyTorch's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from builder.logs import Log, step
+from builder.optimize import save_onnx
+from builder.packing import cpu_form
+from builder.parity import ParityResult, check, compare, packed_parity_inputs, real_tokens
+from builder.settings import ResolvedSettings
+from contract import ATTENTION_MASK, CUDA_PROVIDER_OPTIONS
+from contract.packing import PackedRows
+
+
+def onnx_parity(s: ResolvedSettings, path: Path, precision: str, inputs: dict[str, np.ndarray],
+                references: list[np.ndarray], work: Path, log: Log) -> list[ParityResult]:
+    """Every output of the graph at `path` against `references` (PyTorch's on `inputs`); unless parity is skipped, a
+    failed one fails the build. `work`: a scratch folder."""
+    artifact = "onnx_fp16" if precision == "fp16" else "onnx"
+    with step(log, f"{s.name}: running {artifact} for the parity check"):
+        if s.layout == "packed":
+            outputs, ran_on = packed_outputs(path, inputs, s.output_names, s.device, work)
+        else:
+            outputs, ran_on = onnx_outputs(path, inputs, s.output_names, s.device, s.runtime), ""
+    mask = inputs[ATTENTION_MASK]
+    results = [compare(artifact, s.task, references[0], outputs[0], s.max_seq_len)]
+    for name, ref, got in zip(s.token_outputs, references[1:], outputs[1:]):  # packed: [T, ...] already
+        got = got.reshape(len(got), -1) if s.layout == "packed" else real_tokens(got, mask)
+        results.append(compare(artifact, s.task, real_tokens(ref, mask), got, s.max_seq_len, output=name))
+    if s.layout == "packed":
+        results = [r.model_copy(update={"layout": "packed", "ran_on": ran_on}) for r in results]
+    if not s.skip_parity:
+        for result in results:
+            check(result, s.name, log)
+    return results
+
+
+def _cuda(runtime: str) -> tuple[str, dict[str, str]]:
+    """The CUDA provider as the step will run it: the python runner's options, or (native) the onnxruntime
+    backend's, which are onnxruntime's defaults."""
+    return "CUDAExecutionProvider", dict(CUDA_PROVIDER_OPTIONS) if runtime == "python" else {}
+
+
+def onnx_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str, runtime: str
+                 ) -> list[np.ndarray]:
+    """The published model's outputs, on the GPU when it is built for one and onnxruntime-gpu is installed."""
+    providers: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
+    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, _cuda(runtime))
+    session = ort.InferenceSession(str(path), providers=providers)
+    return [np.asarray(o) for o in session.run(outputs, inputs)]
+
+
+def packed_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str, work: Path
+                   ) -> tuple[list[np.ndarray], str]:
+    """The published packed graph's outputs on the parity inputs (packed on the host; per-token outputs come
+    back [tokens, ...]), and where it ran: on the GPU where built for one and onnxruntime-gpu is installed;
+    else a GPU form runs as its CPU form (the same graph but attention: builder/packing.py), which onnxruntime's
+    CPU provider can run."""
+    rows = packed_parity_inputs(inputs)
+    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        session = ort.InferenceSession(str(path), providers=[_cuda("python"), "CPUExecutionProvider"])
+        return _run_packed(session, outputs, rows), "CUDAExecutionProvider"
+    ran_on = "CPUExecutionProvider"
+    if device == "gpu":
+        save_onnx(cpu_form(onnx.load(str(path))), work / "cpu_form.onnx")
+        path, ran_on = work / "cpu_form.onnx", "CPUExecutionProvider (the GPU form's CPU form: no CUDA here)"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return _run_packed(session, outputs, rows), ran_on
+
+
+def _run_packed(session: ort.InferenceSession, outputs: list[str], rows: PackedRows) -> list[np.ndarray]:
+    """The rows fed as the graph declares (a graph without mean pooling reads fewer index tensors)."""
+    return [np.asarray(o) for o in session.run(outputs, rows.feed({i.name for i in session.get_inputs()}))]
