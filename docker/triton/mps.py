@@ -5,9 +5,8 @@
 
 The python backend runs each model instance as a process of its own, so the 4 instances of a GPU model
 step are 4 CUDA contexts, and without MPS the GPU runs one context's kernels at a time, in time slices.
-Under MPS their kernels share the GPU side by side. On the H100, with the rest of the stack as shipped,
-32-text requests served 1.04-1.21x the texts/s in 6 side-by-side pairs, and single texts 0.96-1.21x
-(loadtest/results/h100-20s-mps).
+Under MPS their kernels share the GPU side by side, so a batch's compute does not wait for the other
+instances' time slices (docs/benchmarks.md, "Performance decisions").
 
 TRITON_MPS:
 - `auto` (default): start the daemon when this container sees a GPU and has the driver's MPS binaries
