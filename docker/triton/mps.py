@@ -5,8 +5,8 @@
 
 The python backend runs each model instance as a process of its own, so the 4 instances of a GPU model
 step are 4 CUDA contexts, and without MPS the GPU runs one context's kernels at a time, in time slices.
-Under MPS their kernels share the GPU side by side, so that one instance's kernels fill what another's leave
-idle.
+Under MPS their kernels share the GPU side by side, so a batch's compute does not wait for the other
+instances' time slices (docs/benchmarks.md, "Performance decisions").
 
 TRITON_MPS:
 - `auto` (default): start the daemon when this container sees a GPU and has the driver's MPS binaries

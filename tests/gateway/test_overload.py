@@ -83,9 +83,9 @@ def judge(report: StormReport, min_ratio: float) -> None:
     assert s.statuses[504] <= 0.02 * s.answered, s.statuses  # admitted work finishes within its deadline
 
 
-# Generous floors for a loaded 2-core CI machine; loadtest/results/ holds what the harness measures.
+# Generous floors for a loaded 2-core CI machine; `python -m loadtest storm` measures the stack's real figures.
 # Both 8 s storms run with the slow suite (`scripts/test -m slow`), beside the 20 s storms of both pipelines: the
-# default run reached its 5-minute budget (a fresh clone took 301-316 s on 2026-11-24), and these cost ~14 s each. The
+# default run has a 5-minute budget, and these cost ~14 s each. The
 # default run keeps overload's quick checks (below): an idle stack admits, a burst is served, a client that waits
 # what Retry-After says is served, and a shedding model refuses before validation (test_admission.py).
 @pytest.mark.slow

@@ -8,8 +8,8 @@ validated with a pydantic TypeAdapter against that model and written back with i
 without a case here fails too.
 
 Servers: the session's peer models (a reranker, a pair classifier, an embedder with prompts and matryoshka
-dimensions; the admin routes unload, load and reload `nlirank` on it, in that order) and issue 23's models
-(sparse, ColBERT and SPLADE outputs), both shared with other modules.
+dimensions; the admin routes unload, load and reload `nlirank` on it, in that order) and the long-context
+encoders (`issue23_models`: sparse, ColBERT and SPLADE outputs), both shared with other modules.
 """
 
 from __future__ import annotations

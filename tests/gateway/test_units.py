@@ -42,7 +42,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("cpus", "quota", "workers", "threads"), [
-    (16, None, 12, 4),  # a 16-core GPU host: three quarters of it (loadtest/results/h200-20ad-final), pools of 4
+    (16, None, 12, 4),  # a 16-core GPU host: three quarters of it, pools of 4
     (64, None, 12, 4),  # at most 12 workers, the most measured
     (2, None, 1, 1),  # the 2-core dev VM: one CPU of its own, no pool
     (4, None, 3, 1),  # below 8 CPUs of its own: one thread per worker (a pool costs where no core is spare)

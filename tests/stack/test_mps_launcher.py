@@ -3,7 +3,7 @@ daemon when it can and the setting asks for it, then becomes the command with th
 
 This machine has no GPU and no MPS: nvidia-smi and nvidia-cuda-mps-control are stand-in scripts that say what they
 were asked; the command is a shell printing what it was given. The launcher's own run on a GPU host is what
-loadtest/device/gateway_ab.sh's MPS=1 runs (loadtest/results/h100-20s-mps). Without the stand-ins, the pod
+loadtest/device/gateway_ab.sh's MPS=1 runs. Without the stand-ins, the pod
 simulation (tests/deploy/test_pod_simulation.py) runs it in front of a real tritonserver."""
 
 from __future__ import annotations
