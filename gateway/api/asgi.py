@@ -29,7 +29,6 @@ class AsgiRequest:
         self.headers: Headers = scope["headers"]
         self.state: dict[str, Any] = scope.setdefault("state", {})
         self.gone = False
-        self.matched: Any = None  # the route FastAPI's router matched (a request for no route of the table)
         self.answered = False
         self._scope, self._receive, self._router = scope, receive, router
         self._task = asyncio.current_task()
@@ -99,7 +98,6 @@ class AsgiRequest:
                 chunks.append(message.get("body", b""))
 
         await self._router(self._scope, receive, send)
-        self.matched = self._scope.get("route")
         return Answer(start["status"], list(start.get("headers", ())), b"".join(chunks))
 
 

@@ -225,11 +225,7 @@ class Edge:
         closed after the answer: nothing more of it is read."""
         path = request.path
         unread = request.expects_body
-        authorization = header(request.headers, b"authorization").decode("latin-1")
-        if is_admin(path):
-            denied = check_admin_key(authorization, self.admin_keys)
-        else:
-            denied = None if is_public(path) else check_api_key(authorization, self.api_keys)
+        denied = self._key_refusal(request)
         if denied is not None:
             return _error(denied, close=unread)
         declared = request.declared_length()
@@ -260,6 +256,15 @@ class Edge:
                 return _error(exc)
             except RequestValidationError as exc:  # a handler that validates a body of its own
                 return _answer(validation_error_response(exc.errors()))
+
+    def _key_refusal(self, request: Incoming) -> GatewayError | None:
+        """The 401/403/404 of a request without the key its path needs (api/auth.py), from its headers alone."""
+        path = request.path
+        if is_admin(path):
+            return check_admin_key(header(request.headers, b"authorization").decode("latin-1"), self.admin_keys)
+        if not self.api_keys or is_public(path):
+            return None
+        return check_api_key(header(request.headers, b"authorization").decode("latin-1"), self.api_keys)
 
     def _too_large(self) -> Response:
         return error_response(ErrorType.BODY_TOO_LARGE, f"request body over the limit of {self.max_body_bytes} bytes")
@@ -299,7 +304,7 @@ class Edge:
         """Count and time one answered request on its route template, and log it."""
         elapsed = time.perf_counter() - start
         state = request.state
-        path = route.path if route is not None else self.routes.template(request.path, state.get("route"))
+        path = route.path if route is not None else self.routes.template(request.path)
         model = str(state.get("model", ""))
         if path not in PROBE_PATHS:
             REQUESTS.labels(path, model, str(status)).inc()

@@ -193,11 +193,9 @@ class RouteTable:
                         return found
         return None
 
-    def template(self, path: str, matched: Any) -> str:
-        """The route template a request for no route of the table is counted on: the route FastAPI's router matched,
-        else the first route whose path matches (a request refused before routing), else "unmatched"."""
-        if matched is not None and isinstance(getattr(matched, "path", None), str):
-            return str(matched.path)
+    def template(self, path: str) -> str:
+        """The route template a request for no route of the table is counted on: the first of the app's routes whose
+        path matches it (FastAPI's router takes the same), else "unmatched"."""
         for route in self.all:
             regex = getattr(route, "path_regex", None)
             if regex is not None and regex.match(path):
