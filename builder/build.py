@@ -114,6 +114,7 @@ class BuildOutcome:
     parity: list[ParityResult] = field(default_factory=list)
     seconds: float = 0.0
     version: int = 0  # the version directory it was published as (0: skipped)
+    settings: ResolvedSettings | None = None  # what it was built for
 
 
 def resolve_formats(request: BuildRequest, log: Log) -> list[Format]:
@@ -567,7 +568,8 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         results.append(compare(artifact, s.task, reference, outputs[0], s.max_seq_len))
         for name, ref, got in zip(s.token_outputs, references[1:], outputs[1:]):  # packed: [T, ...] already
             got = got.reshape(len(got), -1) if s.layout == "packed" else real_tokens(got, mask)
-            results.append(compare(artifact, s.task, real_tokens(ref, mask), got, s.max_seq_len, output=name))
+            results.append(compare(artifact, s.task, real_tokens(ref, mask), got, s.max_seq_len, output=name,
+                                   sentences=len(mask)))
         if s.layout == "packed":
             results = [r.model_copy(update={"layout": "packed", "ran_on": ran_on}) for r in results]
         if not s.skip_parity:
@@ -641,7 +643,7 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr
     todo = []
     for p in planned:
         if is_up_to_date(p, repository):
-            outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=True))
+            outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=True, settings=p.settings))
         else:
             todo.append(p)
     if not todo:
@@ -660,7 +662,7 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = _stderr
             entries += p.entries.values()
             stale += _stale_entries(repository, p)
             outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=False, parity=parity,
-                                         seconds=time.monotonic() - started, version=version))
+                                         seconds=time.monotonic() - started, version=version, settings=p.settings))
         with _step(log, f"publishing {len(entries)} entries into {repository}"):
             publish(staging, repository, entries, stale)
     return outcomes

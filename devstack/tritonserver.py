@@ -24,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from devstack.failures import ChildFailed, ExitedChild
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOME = REPO_ROOT / ".cache" / "tritonserver" / "pytriton" / "tritonserver"
 SHM_DIR = Path("/dev/shm")
@@ -50,6 +52,11 @@ def find_tritonserver_home() -> Path:
         env={**os.environ, "PYTHON": sys.executable},
     )
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def installed_backends(home: Path) -> list[str]:
+    """The backends of the tritonserver in `home` (its backends/ folder: the CPU wheel has only `python`)."""
+    return sorted(path.name for path in (home / "backends").iterdir() if path.is_dir())
 
 
 def unique_shm_prefix() -> str:
@@ -113,7 +120,8 @@ def server_environment(home: Path, stub_python: Path | None = None) -> dict[str,
 class TritonServer:
     """A tritonserver child process serving `repository`; use as a context manager.
 
-    Ports default to free ones. `model_control` is "explicit" (load `load_models`, by default
+    It listens on `host` only (loopback by default: nothing outside this machine reaches it); ports default to
+    free ones. `model_control` is "explicit" (load `load_models`, by default
     every model: `*`; then load and unload over the repository API), as compose runs it, or "none".
     `stub_python`: see `server_environment`.
     `shm_prefix` names the python backend's /dev/shm regions; `stop` unlinks them.
@@ -123,6 +131,7 @@ class TritonServer:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
     model_control: str = "explicit"
     load_models: tuple[str, ...] = ("*",)
     log_path: Path | None = None
@@ -135,28 +144,31 @@ class TritonServer:
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.http_address}"
 
     @property
     def http_address(self) -> str:
         """host:port of the HTTP endpoint, as GATEWAY_TRITON_HTTP_URL takes it."""
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def command(self, home: Path) -> list[str]:
         cmd = [
             str(home / "bin" / "tritonserver"),
             f"--model-repository={self.repository}",
             f"--backend-directory={home / 'backends'}",
+            f"--http-address={self.host}",
             f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
             f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
@@ -188,16 +200,17 @@ class TritonServer:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
+            if self.process is not None and (code := self.process.poll()) is not None:
                 self.stop()  # the stubs it leaves, and its regions
-                raise RuntimeError(
-                    f"tritonserver exited with {self.process.returncode}; log: {self.log_path}"
-                )
+                exited = ExitedChild("tritonserver", code, self.log_path)
+                raise ChildFailed(f"tritonserver {exited.how} while loading {self.repository}; log: {self.log_path}",
+                                  self.log_path)
             if self.is_ready():
                 return
             time.sleep(0.05)
         self.stop()
-        raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s}s; log: {self.log_path}")
+        raise ChildFailed(f"tritonserver not ready after {self.startup_timeout_s:g} s; log: {self.log_path}",
+                          self.log_path)
 
     def is_ready(self) -> bool:
         try:
