@@ -108,7 +108,7 @@ def serve(stack: LocalStack, stop: threading.Event) -> int:
     """Wait for a stop signal (0) or for a child to exit by itself (1, said on stderr)."""
     while not stop.wait(POLL_S):
         if exited := stack.exited():
-            report(ChildFailed(f"{exited}; stopping the stack", exited.log_path))
+            report(ChildFailed(f"{exited}; stopping the stack", exited.log_path, exited.log_start))
             return 1
     return 0
 

@@ -5,6 +5,8 @@ lines of its log, where the reason is."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import signal
 from dataclasses import dataclass
@@ -33,22 +35,40 @@ class CheckFailed(StackError):
     exit_code = 2
 
 
-def error_lines(log_path: Path | None, count: int = LOG_LINES) -> list[str]:
-    """The last `count` lines of a log that report an error (its last lines when none does), shortened."""
+def _readable(line: str) -> str:
+    """A JSON log record's message (the gateway's logs), else the line; shortened."""
+    if line.startswith("{"):
+        with contextlib.suppress(ValueError, AttributeError):
+            line = str(json.loads(line).get("msg", line))
+    return line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + " ..."
+
+
+def log_size(log_path: Path | None) -> int:
+    """Where a child's run starts in its log (logs are appended to across runs)."""
+    return log_path.stat().st_size if log_path is not None and log_path.is_file() else 0
+
+
+def error_lines(log_path: Path | None, start: int = 0, count: int = LOG_LINES) -> list[str]:
+    """The last `count` lines of a log from `start` on that report an error (its last lines when none does)."""
     if log_path is None or not log_path.is_file():
         return []
-    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    with open(log_path, "rb") as log:
+        log.seek(start)
+        text = log.read().decode(errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if _ERROR_LINE.search(line)] or lines
-    return [line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + " ..." for line in errors[-count:]]
+    return [_readable(line) for line in errors[-count:]]
 
 
 @dataclass(frozen=True)
 class ExitedChild:
-    """A child process of the stack that exited: which one, its exit code, its log file."""
+    """A child process of the stack that exited: which one, its exit code, its log file (this run's part of it
+    from `log_start` on)."""
 
     name: str
     code: int
     log_path: Path | None
+    log_start: int = 0
 
     @property
     def how(self) -> str:
@@ -63,12 +83,12 @@ class ExitedChild:
 class ChildFailed(StackError, RuntimeError):
     """A child process (tritonserver, the gateway) that exited, or did not get ready in time."""
 
-    def __init__(self, message: str, log_path: Path | None) -> None:
+    def __init__(self, message: str, log_path: Path | None, log_start: int = 0) -> None:
         super().__init__(message)
-        self.log_path = log_path
+        self.log_path, self.log_start = log_path, log_start
 
     def report(self) -> list[str]:
-        lines = error_lines(self.log_path)
+        lines = error_lines(self.log_path, self.log_start)
         if not lines:
             return super().report()
         return [f"error: {self}; the last error lines of its log:", *(f"  {line}" for line in lines)]

@@ -16,7 +16,7 @@ from typing import Any, Self
 
 from pydantic import ValidationError
 
-from devstack.failures import CheckFailed, ChildFailed, ExitedChild
+from devstack.failures import CheckFailed, ChildFailed, ExitedChild, log_size
 from devstack.tritonserver import REPO_ROOT, free_port, kill_group
 from gateway.settings import GatewaySettings
 from gateway.settings_errors import describe
@@ -42,6 +42,7 @@ class GatewayProcess:
     code_root: Path = REPO_ROOT  # another checkout (e.g. a git worktree of an older revision) to run instead
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _cleaned_up: bool = field(default=False, init=False, repr=False)  # of this `process`
+    log_start: int = field(default=0, init=False)  # where this run starts in `log_path`
 
     @property
     def url(self) -> str:
@@ -74,6 +75,7 @@ class GatewayProcess:
 
     def start(self) -> Self:
         """Start the process and wait until /healthz answers."""
+        self.log_start = log_size(self.log_path)
         with open(self.log_path or os.devnull, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gateway"],
@@ -88,8 +90,9 @@ class GatewayProcess:
         while time.monotonic() < deadline:
             if (code := self.process.poll()) is not None:
                 self.stop()
-                exited = ExitedChild("gateway", code, self.log_path)
-                raise ChildFailed(f"the gateway {exited.how} while starting; log: {self.log_path}", self.log_path)
+                exited = ExitedChild("gateway", code, self.log_path, self.log_start)
+                raise ChildFailed(f"the gateway {exited.how} while starting; log: {self.log_path}", self.log_path,
+                                  self.log_start)
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
                     if resp.status == 200:
@@ -98,7 +101,7 @@ class GatewayProcess:
                 time.sleep(0.05)
         self.stop()
         raise ChildFailed(f"the gateway did not answer /healthz within {self.startup_timeout_s:g} s; log: {self.log_path}",
-                          self.log_path)
+                          self.log_path, self.log_start)
 
     def stop(self) -> int | None:
         """Graceful stop (SIGTERM to the uvicorn parent, which stops its workers); returns the exit code.

@@ -60,7 +60,7 @@ class LocalStack:
         children = (("tritonserver", self.triton), ("gateway", self.gateway))
         for name, child in children:
             if child and child.process and (code := child.process.poll()) is not None:
-                return ExitedChild(name, code, child.log_path)
+                return ExitedChild(name, code, child.log_path, child.log_start)
         return None
 
     def stop(self) -> None:

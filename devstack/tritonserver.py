@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from devstack.failures import ChildFailed, ExitedChild
+from devstack.failures import ChildFailed, ExitedChild, log_size
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOME = REPO_ROOT / ".cache" / "tritonserver" / "pytriton" / "tritonserver"
@@ -141,6 +141,7 @@ class TritonServer:
     shm_prefix: str = field(default_factory=unique_shm_prefix)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _cleaned_up: bool = field(default=False, init=False, repr=False)  # of this `process`
+    log_start: int = field(default=0, init=False)  # where this run starts in `log_path`
 
     @property
     def grpc_url(self) -> str:
@@ -185,6 +186,7 @@ class TritonServer:
     def start(self) -> Self:
         """Start the process and wait until /v2/health/ready answers 200."""
         home = find_tritonserver_home()
+        self.log_start = log_size(self.log_path)
         with open(self.log_path or os.devnull, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(home),
@@ -202,15 +204,15 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process is not None and (code := self.process.poll()) is not None:
                 self.stop()  # the stubs it leaves, and its regions
-                exited = ExitedChild("tritonserver", code, self.log_path)
+                exited = ExitedChild("tritonserver", code, self.log_path, self.log_start)
                 raise ChildFailed(f"tritonserver {exited.how} while loading {self.repository}; log: {self.log_path}",
-                                  self.log_path)
+                                  self.log_path, self.log_start)
             if self.is_ready():
                 return
             time.sleep(0.05)
         self.stop()
         raise ChildFailed(f"tritonserver not ready after {self.startup_timeout_s:g} s; log: {self.log_path}",
-                          self.log_path)
+                          self.log_path, self.log_start)
 
     def is_ready(self) -> bool:
         try:
