@@ -100,8 +100,8 @@ def optimize_for_onnxruntime(source: Path, target: Path, num_heads: int, hidden_
     options = FusionOptions("bert")
     options.use_multi_head_attention = multi_head_attention
     # Not fused: onnxruntime 1.31's RotaryEmbedding fusion (ModernBERT) keeps the export's position_ids [1, S],
-    # which its CUDA kernel refuses for any batch over 1 ("dimension 0 should be of size batch_size"; seen on
-    # the H100, loadtest/results/h100-23-modernbert-attention); its CPU kernel takes them.
+    # which its CUDA kernel refuses for any batch over 1 ("dimension 0 should be of size batch_size"); its CPU
+    # kernel takes them.
     options.enable_rotary_embeddings = False
     optimized = optimize_model(str(source), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
                                opt_level=0, use_gpu=float16, optimization_options=options)

@@ -28,8 +28,7 @@ DEFAULT_SPARSE_MAX_BATCH_TOKENS = 4096  # a SPLADE call holds tokens x vocabular
 DEFAULT_QUEUE_TIMEOUT_MS = 0
 # Dynamic batcher delays. The tokenizer waits a little to merge an ensemble's texts into batches; a model step
 # runs at once: its callers (the gateway's scheduler, the tokenizer) send it batches already, and its wait only
-# lengthened each batch's round trip (H100, loadtest/results/h100-20w-queue-delay: 0 instead of 100 us served
-# single texts 1.02-1.07x and 32-text requests 1.08-1.14x through the scheduler, in three rounds).
+# lengthens each batch's round trip.
 DEFAULT_TOKENIZER_QUEUE_DELAY_US = 100
 DEFAULT_STEP_QUEUE_DELAY_US = 0
 # Where Triton's onnxruntime backend keeps the engines ONNX Runtime's TensorRT provider compiles
@@ -99,7 +98,7 @@ class BuildRequest(BaseModel):
     )
     instances: int | None = Field(
         default=None, gt=0, description="instances of the model step (onnx / trt); default: 4 for the python "
-        "runtime on a GPU (each call's fixed cost overlaps with the others', loadtest/results/h100-7-tuning), "
+        "runtime on a GPU (each call's fixed cost overlaps with the others'), "
         "2 for the native runtime on a GPU, 1 on a CPU")
     tokenizer_instances: int | None = Field(
         default=None, gt=0, description="instances of the tokenizer (the ensembles'); default: 4 on a GPU "

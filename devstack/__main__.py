@@ -33,12 +33,12 @@ from typing import NoReturn
 from devstack.checks import check_port_free
 from devstack.failures import ChildFailed, CheckFailed, StackError
 from devstack.stack import LocalStack
+from devstack.tritonserver import LOOPBACK
 
 DEFAULT_REPOSITORY = Path("model_repository/models")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.2
 DEFAULT_GATEWAY_PORT = 8080
-HOST = "127.0.0.1"  # where Triton and the gateway listen under devstack
 # TritonServer's port fields and the variables (.env.example's) that set them when no flag does
 TRITON_PORT_VARIABLES = {"http_port": "TRITON_HTTP_PORT", "grpc_port": "TRITON_GRPC_PORT",
                          "metrics_port": "TRITON_METRICS_PORT"}
@@ -88,11 +88,11 @@ def ports(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tu
 def check_ports(gateway: int, triton: dict[str, int]) -> None:
     """The ports devstack was given are free (it picks free ones for the rest), before anything starts: a
     server already there would otherwise answer devstack's own health checks."""
-    check_port_free(gateway, HOST, "the gateway's",
+    check_port_free(gateway, LOOPBACK, "the gateway's",
                     "stop what listens there, or choose another port: --port N or GATEWAY_PORT=N")
     for field, port in triton.items():
         kind = field.removesuffix("_port")
-        check_port_free(port, HOST, f"Triton's {kind} port", f"stop what listens there, or choose another port "
+        check_port_free(port, LOOPBACK, f"Triton's {kind} port", f"stop what listens there, or choose another port "
                         f"(--triton-{kind}-port N or {TRITON_PORT_VARIABLES[field]}=N), or set neither: a free one")
 
 

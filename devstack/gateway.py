@@ -17,7 +17,7 @@ from typing import Any, Self
 from pydantic import ValidationError
 
 from devstack.failures import CheckFailed, ChildFailed, ExitedChild, log_size
-from devstack.tritonserver import REPO_ROOT, free_port, kill_group
+from devstack.tritonserver import LOOPBACK, REPO_ROOT, free_port, kill_group
 from gateway.settings import GatewaySettings
 from gateway.settings_errors import describe
 
@@ -46,12 +46,12 @@ class GatewayProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{LOOPBACK}:{self.port}"
 
     def own_settings(self) -> dict[str, str]:
         """The settings this process sets over the environment's: Triton's url and the listen address, then
         `settings` (each overrides the ones before)."""
-        own = {"triton_url": self.triton_url, "host": "127.0.0.1", "port": str(self.port),
+        own = {"triton_url": self.triton_url, "host": LOOPBACK, "port": str(self.port),
                "triton_http_url": (self.triton_http_url or "none").removeprefix("http://")}
         if os.environ.get("GATEWAY_TRITON_HTTP_URL") == "none":
             own["triton_http_url"] = "none"

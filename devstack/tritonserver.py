@@ -30,12 +30,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOME = REPO_ROOT / ".cache" / "tritonserver" / "pytriton" / "tritonserver"
 SHM_DIR = Path("/dev/shm")
 PYTHON_SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's default region prefix
+LOOPBACK = "127.0.0.1"  # where devstack's servers listen: nothing outside this machine reaches them
 
 
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
+    """Return a TCP port on the loopback address that is free right now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
 
 
@@ -131,7 +132,7 @@ class TritonServer:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
-    host: str = "127.0.0.1"
+    host: str = LOOPBACK
     model_control: str = "explicit"
     load_models: tuple[str, ...] = ("*",)
     log_path: Path | None = None

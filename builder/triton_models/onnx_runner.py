@@ -70,8 +70,8 @@ class TritonPythonModel:
         packed = parameters.get("layout", {}).get("string_value", "padded") == "packed"
         if packed:
             # Nearly every packed call has a token count the session has not seen, and onnxruntime plans and caches
-            # a memory pattern per input shape: on the H100 that made such calls 2.3x slower on average than with
-            # the pattern off (loadtest/results/h100-20c-packed-step, "Fresh batches"); its arena serves them.
+            # a memory pattern per input shape: on a GPU that made such calls much slower than with the pattern
+            # off; its arena serves them.
             options.enable_mem_pattern = False
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"

@@ -41,10 +41,9 @@ ATTENTION_MASK = "attention_mask"  # a padded request's; the packed layout's nam
 WARMUP_SHORT_TOKENS = 16
 MAX_ERROR_CHARS = 500
 # A run of one row of at most this many tokens (a lone short text: low load, queries) replays a CUDA graph captured
-# at load, one per token count. A graph replays the ~130 kernels of a call with one launch: on the H100 a lone
-# 11-token text took 0.6 ms instead of 1.95 (loadtest/results/h100-20j-probes). Longer or many-row runs
-# keep session.run: the gain shrinks with a run's size, and replaying every run at one of a few shapes measured
-# slower under load than 4 instances of session.run (loadtest/results/h100-20l-graph-modes).
+# at load, one per token count. A graph replays the ~130 kernels of a call with one launch, which takes most of a
+# lone short text's time off. Longer or many-row runs keep session.run: the gain shrinks with a run's size, and
+# replaying every run at one of a few shapes was slower under load than 4 instances of session.run.
 GRAPH_MAX_TOKENS = 128
 
 
@@ -225,8 +224,8 @@ class PackedSteps:
 
     def _lone_row(self, request):
         """The response to an execute() of one packed request of one row that a CUDA graph covers (a lone short
-        text at low load), without merging, cutting runs or splitting outputs: the runner's Python for it 80 -> 10 us
-        on the H200 host (loadtest/results/h200-20al-lone-row). None for any other request, and for one to refuse:
+        text at low load), without merging, cutting runs or splitting outputs: Python work that would take a large
+        share of such a request's time. None for any other request, and for one to refuse:
         the general path answers those, with the reason."""
         tensors = {tensor.name(): tensor for tensor in request.inputs()}  # one pass, not one per name
         if not self._LONE_INPUTS.issubset(tensors) or ATTENTION_MASK in tensors:
