@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 DEVICES = Path("/dev")
+# What to build with for a machine without a GPU and Docker: the CPU tritonserver of scripts/setup, which
+# `python -m devstack` runs, has the python backend only.
+LOCAL_BUILD = "--runtime python --device cpu"
 
 
 def nvidia_gpus() -> int:

@@ -51,7 +51,9 @@ class ParityResult(BaseModel):
     def summary(self) -> str:
         agree = "" if self.argmax_agree is None else f", argmax agree={self.argmax_agree}"
         what = f"{self.artifact}[{self.output}]" if self.output else self.artifact
-        rows = f"{self.tokens} tokens of {self.sentences} sentences" if self.tokens is not None else f"{self.sentences} sentences"
+        rows = f"{self.sentences} sentences"
+        if self.tokens is not None:
+            rows = f"{self.tokens} tokens of {rows}"
         return (f"{what}: max_abs_diff={self.max_abs_diff:.3g}, min_cosine={self.min_cosine:.8f}{agree} "
                 f"over {rows} (thresholds {self.thresholds})")
 

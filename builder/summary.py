@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from builder.machine import LOCAL_BUILD
 from builder.settings import ResolvedSettings
 
 if TYPE_CHECKING:  # builder.build imports torch: this module does not need it
     from builder.build import BuildOutcome
-
-LOCAL_BUILD = "--runtime python --device cpu"
 
 
 def target(settings: ResolvedSettings) -> str:
@@ -40,8 +39,8 @@ def warnings(outcomes: list[BuildOutcome], gpus: int) -> list[str]:
 def last_line(outcomes: list[BuildOutcome], repository: Path, seconds: float) -> str:
     """The whole command's time (`command_seconds`), and what it did to `repository`."""
     built = sum(not o.skipped for o in outcomes)
-    what = f"built {built} model{'s' * (built != 1)} into {repository}" if built else f"nothing to build in {repository}"
-    return f"done in {seconds:.1f}s: {what}"
+    what = f"built {built} model{'s' * (built != 1)} into" if built else "nothing to build in"
+    return f"done in {seconds:.1f}s: {what} {repository}"
 
 
 def command_seconds(main_started: float) -> float:

@@ -13,14 +13,13 @@ from google.protobuf.text_format import ParseError
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.configs import read_config
-from builder.machine import nvidia_gpus
+from builder.machine import LOCAL_BUILD, nvidia_gpus
 from devstack.failures import CheckFailed
 
 # The backend a config's `platform` runs on (a config names either); ensembles are Triton's own
 PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt", "pytorch_libtorch": "pytorch",
                      "tensorflow_savedmodel": "tensorflow", "tensorflow_graphdef": "tensorflow"}
 BUILT_IN = {"ensemble"}
-LOCAL_BUILD = "--runtime python --device cpu"
 BUILD_EXAMPLE = ("python -m builder build --model DIR --task embed --name NAME --repository {repository} "
                  f"{LOCAL_BUILD} (README.md, builder/README.md)")
 NAMES_SHOWN = 3

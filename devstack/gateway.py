@@ -100,8 +100,8 @@ class GatewayProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 time.sleep(0.05)
         self.stop()
-        raise ChildFailed(f"the gateway did not answer /healthz within {self.startup_timeout_s:g} s; log: {self.log_path}",
-                          self.log_path, self.log_start)
+        raise ChildFailed(f"the gateway did not answer /healthz within {self.startup_timeout_s:g} s; "
+                          f"log: {self.log_path}", self.log_path, self.log_start)
 
     def stop(self) -> int | None:
         """Graceful stop (SIGTERM to the uvicorn parent, which stops its workers); returns the exit code.

@@ -70,7 +70,8 @@ def test_readme_no_docker_block_on_a_fresh_clone(tmp_path: Path) -> None:
         assert banner.group(1) == f"http://127.0.0.1:{port}"
         for command in commands[at + 1:]:
             subprocess.run(["bash", "-c", command], cwd=clone, env=env, check=True, timeout=120)
-        answer = httpx.post(f"{banner.group(1)}/embed", json={"inputs": ["hello", "정말 재미있어요"]}, timeout=60)
+        texts = ["hello", "정말 재미있어요"]
+        answer = httpx.post(f"{banner.group(1)}/embed", json={"inputs": texts}, timeout=60)
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert len(body["embeddings"]) == 2 and len(body["embeddings"][0]) > 0, body

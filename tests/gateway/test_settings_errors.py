@@ -48,16 +48,21 @@ class _Other(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="OTHER_")
     count: int = 1
-    home: str = Field("x", validation_alias="HOME_DIR", min_length=2)
+    home: str = Field("/home", validation_alias="HOME_DIR", min_length=2)
 
 
 def test_variable_names_come_from_the_settings_class(monkeypatch: pytest.MonkeyPatch) -> None:
     assert variable_name(GatewaySettings, "triton_http_url") == "GATEWAY_TRITON_HTTP_URL"
-    assert (variable_name(_Other, "count"), variable_name(_Other, "home")) == ("OTHER_COUNT", "HOME_DIR")
+    assert (variable_name(_Other, "count"), variable_name(_Other, "HOME_DIR")) == ("OTHER_COUNT", "HOME_DIR")
     monkeypatch.setenv("OTHER_COUNT", "many")
     with pytest.raises(ValidationError) as caught:
         _Other()
     assert describe(caught.value, _Other) == "OTHER_COUNT: must be a whole number (got 'many')"
+    monkeypatch.setenv("HOME_DIR", "/")
+    with pytest.raises(ValidationError) as caught:
+        _Other()
+    assert describe(caught.value, _Other) == (
+        "OTHER_COUNT: must be a whole number (got 'many'); HOME_DIR: must be at least 2 characters long (got '/')")
 
 
 def test_python_m_gateway_exits_2_with_one_line() -> None:
