@@ -126,7 +126,8 @@ def test_taken_gateway_port_is_refused_before_anything_starts(fake_repository: P
     before = {p.pid for p in psutil.process_iter()}
     error = refused(devstack("--repository", fake_repository, env={"GATEWAY_PORT": str(listener)}))
     assert f"port {listener} (the gateway's) is not free" in error and "GATEWAY_PORT=N" in error
-    started = [p for p in psutil.process_iter(["name"]) if p.pid not in before and p.info["name"] == "tritonserver"]
+    flag = f"--model-repository={fake_repository}"  # a Triton of this repository, other than one already running
+    started = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before and flag in (p.info["cmdline"] or [])]
     assert started == []
 
 
