@@ -36,6 +36,7 @@ class BuildOutcome:
     parity: list[ParityResult] = field(default_factory=list)
     seconds: float = 0.0
     version: int = 0  # the version directory it was published as (0: skipped)
+    settings: ResolvedSettings | None = None  # what it was built for
 
 
 def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[ParityResult], OnnxFacts]:
@@ -102,7 +103,7 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = stderr,
     todo = []
     for p in planned:
         if is_up_to_date(p, repository):
-            outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=True))
+            outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=True, settings=p.settings))
         else:
             todo.append(p)
     if not todo:
@@ -121,7 +122,7 @@ def build_all(requests: list[BuildRequest], repository: Path, log: Log = stderr,
             entries += p.entries.values()
             stale += _stale_entries(repository, p)
             outcomes.append(BuildOutcome(p.settings.name, list(p.entries.values()), skipped=False, parity=parity,
-                                         seconds=time.monotonic() - started, version=version))
+                                         seconds=time.monotonic() - started, version=version, settings=p.settings))
         with step(log, f"publishing {len(entries)} entries into {repository}"):
             publish(staging, repository, entries, stale)
     return outcomes

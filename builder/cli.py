@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn, get_args
 
 from pydantic import ValidationError
 
+from builder import summary
 from builder.checks import check_requests
 from builder.errors import BuildError, UsageError
+from builder.machine import nvidia_gpus
 from builder.settings import BuildRequest, Device, Format, Pooling, Precision, Runtime
 from builder.spec import format_validation_error, load_spec
 from contract import TASKS, Layout, OnnxAccelerator
@@ -180,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 1 build error, 2 usage error).
 
     Options, the spec file and local model directories are checked before torch, transformers and
-    onnxruntime are imported (seconds), so that a mistake is refused at once.
+    onnxruntime are imported (seconds), so that a mistake is refused at once. The last lines say what each
+    model was built for, warn when this machine cannot serve it, and give the whole command's time.
     """
+    started = time.monotonic()
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -203,11 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for outcome in outcomes:
-        if outcome.skipped:
-            print(f"{outcome.name}: up to date, nothing to do ({', '.join(outcome.entries)})")
-        else:
-            print(f"{outcome.name}: built {', '.join(outcome.entries)} as version {outcome.version} "
-                  f"in {outcome.seconds:.1f}s")
+        print(summary.outcome_line(outcome))
+    for warning in summary.warnings(outcomes, nvidia_gpus()):
+        print(warning, file=sys.stderr)
+    print(summary.last_line(outcomes, args.repository, summary.command_seconds(started)), flush=True)
     return 0
 
 

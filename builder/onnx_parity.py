@@ -32,7 +32,8 @@ def onnx_parity(s: ResolvedSettings, path: Path, precision: str, inputs: dict[st
     results = [compare(artifact, s.task, references[0], outputs[0], s.max_seq_len)]
     for name, ref, got in zip(s.token_outputs, references[1:], outputs[1:]):  # packed: [T, ...] already
         got = got.reshape(len(got), -1) if s.layout == "packed" else real_tokens(got, mask)
-        results.append(compare(artifact, s.task, real_tokens(ref, mask), got, s.max_seq_len, output=name))
+        results.append(compare(artifact, s.task, real_tokens(ref, mask), got, s.max_seq_len, output=name,
+                               sentences=len(mask)))
     if s.layout == "packed":
         results = [r.model_copy(update={"layout": "packed", "ran_on": ran_on}) for r in results]
     if not s.skip_parity:

@@ -40,6 +40,7 @@ class ParityResult(BaseModel):
     artifact: str
     output: str = ""  # which output of the artifact ("" = its first: logits, embeddings, sparse_embeddings)
     sentences: int
+    tokens: int | None = None  # a per-token output: its rows compared are the sentences' real tokens
     max_seq_len: int
     max_abs_diff: float
     min_cosine: float
@@ -52,8 +53,11 @@ class ParityResult(BaseModel):
     def summary(self) -> str:
         agree = "" if self.argmax_agree is None else f", argmax agree={self.argmax_agree}"
         what = f"{self.artifact}[{self.output}]" if self.output else self.artifact
+        rows = f"{self.sentences} sentences"
+        if self.tokens is not None:
+            rows = f"{self.tokens} tokens of {rows}"
         return (f"{what}: max_abs_diff={self.max_abs_diff:.3g}, min_cosine={self.min_cosine:.8f}{agree} "
-                f"over {self.sentences} sentences (thresholds {self.thresholds})")
+                f"over {rows} (thresholds {self.thresholds})")
 
 
 def parity_pairs() -> tuple[list[str], list[str]]:
@@ -119,11 +123,13 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarray, max_seq_len: int,
-            output: str = "") -> ParityResult:
+            output: str = "", sentences: int | None = None) -> ParityResult:
     """Compare one artifact's outputs with the reference; thresholds depend on the artifact (onnx / trt_fp16).
-    Per-token outputs are compared as rows of their real tokens (`real_tokens`), like embeddings."""
+    Per-token outputs are compared as rows of their real tokens (`real_tokens`), like embeddings: `sentences`
+    then says how many sentences those tokens are of."""
+    rows = {"sentences": len(reference)} if sentences is None else {"sentences": sentences, "tokens": len(reference)}
     if candidate.shape != reference.shape or not np.isfinite(candidate).all():
-        return ParityResult(artifact=artifact, output=output, sentences=len(reference), max_seq_len=max_seq_len,
+        return ParityResult(artifact=artifact, output=output, **rows, max_seq_len=max_seq_len,
                             max_abs_diff=float("inf"), min_cosine=-1.0, argmax_agree=False if task in ("classify", "rerank") else None,
                             passed=False, thresholds={"shape": str(reference.shape)})
     logits = task in ("classify", "rerank")
@@ -140,8 +146,7 @@ def compare(artifact: str, task: str, reference: np.ndarray, candidate: np.ndarr
         if logits:
             thresholds["argmax"] = "equal"
         passed = cosine >= TRT_MIN_COSINE and (agree is not False)
-    return ParityResult(artifact=artifact, output=output, sentences=len(reference), max_seq_len=max_seq_len,
-                        max_abs_diff=diff,
+    return ParityResult(artifact=artifact, output=output, **rows, max_seq_len=max_seq_len, max_abs_diff=diff,
                         min_cosine=cosine, argmax_agree=agree, passed=passed, thresholds=thresholds)
 
 

@@ -12,9 +12,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
-from devstack.tritonserver import REPO_ROOT, free_port, kill_group
+from pydantic import ValidationError
+
+from devstack.failures import CheckFailed, ChildFailed, ExitedChild, log_size
+from devstack.tritonserver import LOOPBACK, REPO_ROOT, free_port, kill_group
+from gateway.settings import GatewaySettings
+from gateway.settings_errors import describe
 
 
 @dataclass
@@ -37,26 +42,40 @@ class GatewayProcess:
     code_root: Path = REPO_ROOT  # another checkout (e.g. a git worktree of an older revision) to run instead
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _cleaned_up: bool = field(default=False, init=False, repr=False)  # of this `process`
+    log_start: int = field(default=0, init=False)  # where this run starts in `log_path`
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def own_settings(self) -> dict[str, str]:
+        """The settings this process sets over the environment's: Triton's url and the listen address, then
+        `settings` (each overrides the ones before)."""
+        own = {"triton_url": self.triton_url, "host": LOOPBACK, "port": str(self.port),
+               "triton_http_url": (self.triton_http_url or "none").removeprefix("http://")}
+        if os.environ.get("GATEWAY_TRITON_HTTP_URL") == "none":
+            own["triton_http_url"] = "none"
+        return {**own, **{k: str(v) for k, v in self.settings.items()}}
 
     def environment(self) -> dict[str, str]:
-        """This environment (GATEWAY_* included), then Triton's url and the listen address, then
-        `settings`: each overrides the ones before."""
+        """This environment (GATEWAY_* included), then `own_settings` as GATEWAY_* variables."""
         env = dict(os.environ)
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        env.update({"GATEWAY_TRITON_URL": self.triton_url, "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(self.port),
-                    "GATEWAY_TRITON_HTTP_URL": (self.triton_http_url or "none").removeprefix("http://")})
-        if os.environ.get("GATEWAY_TRITON_HTTP_URL") == "none":
-            env["GATEWAY_TRITON_HTTP_URL"] = "none"
-        env.update({f"GATEWAY_{k.upper()}": str(v) for k, v in self.settings.items()})
+        env.update({f"GATEWAY_{k.upper()}": v for k, v in self.own_settings().items()})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.code_root), env.get("PYTHONPATH", "")) if p)
         return env
 
+    def check_settings(self) -> None:
+        """The settings the gateway will read are valid; else CheckFailed naming each invalid GATEWAY_* variable."""
+        own: dict[str, Any] = dict(self.own_settings())  # strings, as in the environment
+        try:
+            GatewaySettings(**own)
+        except ValidationError as exc:
+            raise CheckFailed(describe(exc, GatewaySettings)) from None
+
     def start(self) -> Self:
         """Start the process and wait until /healthz answers."""
+        self.log_start = log_size(self.log_path)
         with open(self.log_path or os.devnull, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gateway"],
@@ -69,9 +88,11 @@ class GatewayProcess:
         self._cleaned_up = False
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if (code := self.process.poll()) is not None:
                 self.stop()
-                raise RuntimeError(f"gateway exited with {self.process.returncode}; log: {self.log_path}")
+                exited = ExitedChild("gateway", code, self.log_path, self.log_start)
+                raise ChildFailed(f"the gateway {exited.how} while starting; log: {self.log_path}", self.log_path,
+                                  self.log_start)
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
                     if resp.status == 200:
@@ -79,7 +100,8 @@ class GatewayProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 time.sleep(0.05)
         self.stop()
-        raise TimeoutError(f"gateway not up after {self.startup_timeout_s}s; log: {self.log_path}")
+        raise ChildFailed(f"the gateway did not answer /healthz within {self.startup_timeout_s:g} s; "
+                          f"log: {self.log_path}", self.log_path, self.log_start)
 
     def stop(self) -> int | None:
         """Graceful stop (SIGTERM to the uvicorn parent, which stops its workers); returns the exit code.

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from devstack.checks import check_repository
+from devstack.failures import ExitedChild
 from devstack.gateway import GatewayProcess
-from devstack.tritonserver import TritonServer, free_port
-
-
-@dataclass(frozen=True)
-class ExitedChild:
-    """A child process of the stack that exited: which one, its exit code, its log file."""
-
-    name: str
-    code: int
-    log_path: Path | None
-
-    def __str__(self) -> str:
-        how = f"exited with code {self.code}"
-        if self.code < 0:
-            how = f"was killed by {signal.Signals(-self.code).name} (exit code {self.code})"
-        return f"{self.name} {how}; log: {self.log_path or 'none'}"
+from devstack.tritonserver import TritonServer, find_tritonserver_home, free_port, installed_backends
 
 
 @dataclass
@@ -42,23 +28,28 @@ class LocalStack:
     gateway: GatewayProcess | None = field(default=None, init=False)
 
     def start(self) -> Self:
+        """Check the repository and the gateway's settings (CheckFailed: nothing started), then start Triton and
+        the gateway (ChildFailed: one of them exited or did not get ready; both are stopped)."""
         logs = self.log_dir
-        if logs:
-            logs.mkdir(parents=True, exist_ok=True)
         ports = self.triton_ports
-        self.triton = TritonServer(
+        triton = TritonServer(
             repository=self.repository, log_path=logs / "tritonserver.log" if logs else None,
             http_port=ports.get("http_port") or free_port(), grpc_port=ports.get("grpc_port") or free_port(),
             metrics_port=ports.get("metrics_port") or free_port(),
-        ).start()
+        )
+        gateway = GatewayProcess(
+            triton_url=triton.grpc_url, triton_http_url=triton.http_address, port=self.gateway_port,
+            # the gateway reads tokenizer.json from the same repository (scheduler pipeline)
+            settings={"repository": str(self.repository), **self.gateway_settings},
+            log_path=logs / "gateway.log" if logs else None,
+        )
+        gateway.check_settings()
+        check_repository(self.repository, installed_backends(find_tritonserver_home()))
+        if logs:
+            logs.mkdir(parents=True, exist_ok=True)
+        self.triton = triton.start()
         try:
-            self.gateway = GatewayProcess(
-                triton_url=self.triton.grpc_url, triton_http_url=self.triton.http_address,
-                port=self.gateway_port,
-                # the gateway reads tokenizer.json from the same repository (scheduler pipeline)
-                settings={"repository": str(self.repository), **self.gateway_settings},
-                log_path=logs / "gateway.log" if logs else None,
-            ).start()
+            self.gateway = gateway.start()
         except BaseException:
             self.triton.stop()
             raise
@@ -69,7 +60,7 @@ class LocalStack:
         children = (("tritonserver", self.triton), ("gateway", self.gateway))
         for name, child in children:
             if child and child.process and (code := child.process.poll()) is not None:
-                return ExitedChild(name, code, child.log_path)
+                return ExitedChild(name, code, child.log_path, child.log_start)
         return None
 
     def stop(self) -> None:

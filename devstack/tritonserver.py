@@ -24,16 +24,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from devstack.failures import ChildFailed, ExitedChild, log_size
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOME = REPO_ROOT / ".cache" / "tritonserver" / "pytriton" / "tritonserver"
 SHM_DIR = Path("/dev/shm")
 PYTHON_SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's default region prefix
+LOOPBACK = "127.0.0.1"  # where devstack's servers listen: nothing outside this machine reaches them
 
 
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
+    """Return a TCP port on the loopback address that is free right now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
 
 
@@ -50,6 +53,11 @@ def find_tritonserver_home() -> Path:
         env={**os.environ, "PYTHON": sys.executable},
     )
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def installed_backends(home: Path) -> list[str]:
+    """The backends of the tritonserver in `home` (its backends/ folder: the CPU wheel has only `python`)."""
+    return sorted(path.name for path in (home / "backends").iterdir() if path.is_dir())
 
 
 def unique_shm_prefix() -> str:
@@ -113,7 +121,8 @@ def server_environment(home: Path, stub_python: Path | None = None) -> dict[str,
 class TritonServer:
     """A tritonserver child process serving `repository`; use as a context manager.
 
-    Ports default to free ones. `model_control` is "explicit" (load `load_models`, by default
+    It listens on `host` only (loopback by default: nothing outside this machine reaches it); ports default to
+    free ones. `model_control` is "explicit" (load `load_models`, by default
     every model: `*`; then load and unload over the repository API), as compose runs it, or "none".
     `stub_python`: see `server_environment`.
     `shm_prefix` names the python backend's /dev/shm regions; `stop` unlinks them.
@@ -123,6 +132,7 @@ class TritonServer:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    host: str = LOOPBACK
     model_control: str = "explicit"
     load_models: tuple[str, ...] = ("*",)
     log_path: Path | None = None
@@ -132,31 +142,35 @@ class TritonServer:
     shm_prefix: str = field(default_factory=unique_shm_prefix)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _cleaned_up: bool = field(default=False, init=False, repr=False)  # of this `process`
+    log_start: int = field(default=0, init=False)  # where this run starts in `log_path`
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.http_address}"
 
     @property
     def http_address(self) -> str:
         """host:port of the HTTP endpoint, as GATEWAY_TRITON_HTTP_URL takes it."""
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def command(self, home: Path) -> list[str]:
         cmd = [
             str(home / "bin" / "tritonserver"),
             f"--model-repository={self.repository}",
             f"--backend-directory={home / 'backends'}",
+            f"--http-address={self.host}",
             f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
             f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
@@ -173,6 +187,7 @@ class TritonServer:
     def start(self) -> Self:
         """Start the process and wait until /v2/health/ready answers 200."""
         home = find_tritonserver_home()
+        self.log_start = log_size(self.log_path)
         with open(self.log_path or os.devnull, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(home),
@@ -188,16 +203,17 @@ class TritonServer:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
+            if self.process is not None and (code := self.process.poll()) is not None:
                 self.stop()  # the stubs it leaves, and its regions
-                raise RuntimeError(
-                    f"tritonserver exited with {self.process.returncode}; log: {self.log_path}"
-                )
+                exited = ExitedChild("tritonserver", code, self.log_path, self.log_start)
+                raise ChildFailed(f"tritonserver {exited.how} while loading {self.repository}; log: {self.log_path}",
+                                  self.log_path, self.log_start)
             if self.is_ready():
                 return
             time.sleep(0.05)
         self.stop()
-        raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s}s; log: {self.log_path}")
+        raise ChildFailed(f"tritonserver not ready after {self.startup_timeout_s:g} s; log: {self.log_path}",
+                          self.log_path, self.log_start)
 
     def is_ready(self) -> bool:
         try:

@@ -10,9 +10,11 @@ import tempfile
 from pathlib import Path
 
 import uvicorn
+from pydantic import ValidationError
 
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
+from gateway.settings_errors import describe
 from gateway.triton.shm_pool import ShmUnavailable, probe_cuda
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # must be set before prometheus_client is imported
@@ -58,8 +60,17 @@ def check_transport(settings: GatewaySettings) -> None:
         sys.exit(2)
 
 
+def load_settings() -> GatewaySettings:
+    """The settings, or one `error:` line naming each invalid GATEWAY_* variable and exit 2."""
+    try:
+        return GatewaySettings()
+    except ValidationError as exc:
+        print(f"error: {describe(exc, GatewaySettings)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def main() -> None:
-    settings = GatewaySettings()
+    settings = load_settings()
     configure_logging(settings.log_level)
     check_transport(settings)
     os.environ.pop("RAYON_NUM_THREADS", None)

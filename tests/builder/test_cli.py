@@ -10,13 +10,16 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import get_args
 
 import pytest
 from transformers import BertConfig, GPT2Config
 
+from builder import summary
 from builder.cli import main
+from builder.machine import nvidia_gpus
 from builder.settings import Device, Format, Pooling, Runtime
 from builder.tensorrt_engine import tensorrt_available
 from contract import TASKS
@@ -179,9 +182,52 @@ def test_spec_with_environment(
     cls = read_config(repo / "spec_cls_onnx_ensemble" / "config.pbtxt")
     assert json.loads(cls.parameters["labels"].string_value) == ["negative", "neutral", "positive"]
     assert cls.parameters["max_seq_len"].string_value == "32"
+    assert "warning:" not in captured.err  # built for this machine's CPU and python backend
     # same spec again: nothing to do, and it says so
     assert main(["build", "--repository", str(repo), "--spec", str(spec)]) == 0
     assert capsys.readouterr().out.count("up to date, nothing to do") == 2
+
+
+def test_last_lines_say_what_each_model_is_built_for(
+    tiny_embedder_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The builder's defaults (a GPU build) on a machine without a GPU: said, and warned about, in the last lines;
+    the last line's time is the whole command's (here: this process's), not one model's."""
+    repo = tmp_path / "repo"
+    argv = ["build", "--repository", str(repo), "--model", str(tiny_embedder_dir), "--task", "embed", "--name", "e",
+            "--formats", "onnx", "--max-seq-len", "64", "--max-batch-size", "8"]
+    started = time.monotonic()
+    assert main(argv) == 0
+    elapsed = time.monotonic() - started
+    captured = capsys.readouterr()
+    *_, built, last = captured.out.splitlines()
+    target = "for runtime native, device gpu, formats onnx"
+    assert built == f"e: built e_tokenizer, e_onnx, e_onnx_ensemble as version 1 {target}"
+    done = re.fullmatch(rf"done in (\d+\.\d)s: built 1 model into {re.escape(str(repo))}", last)
+    assert done and float(done[1]) >= round(elapsed, 1) - 0.1, last
+    # per-token outputs are compared token by token, and the parity line says so
+    assert re.search(r"parity e onnx_fp16\[token_embeddings\]: .* over \d+ tokens of \d+ sentences", captured.err)
+    warned = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    if nvidia_gpus() == 0:
+        assert warned == [line for line in captured.err.splitlines()[-1:]], captured.err  # the last line of stderr
+        assert "e built for a GPU" in warned[0] and "--runtime python --device cpu" in warned[0]
+    assert main(argv) == 0
+    *_, skipped, last = capsys.readouterr().out.splitlines()
+    assert skipped == f"e: up to date, nothing to do (e_tokenizer, e_onnx, e_onnx_ensemble) {target}"
+    assert re.fullmatch(rf"done in \d+\.\ds: nothing to build in {re.escape(str(repo))}", last)
+
+
+def test_gpu_warning_only_without_a_gpu(tiny_embedder_dir: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tests.fixtures.repository import TINY_LIMITS, build_repository
+
+    model = [{"model": str(tiny_embedder_dir), "task": "embed", "name": "e"}]
+    on_gpu = build_repository(tmp_path / "gpu", model, runtime="native", device="gpu", formats="onnx", **TINY_LIMITS)
+    assert on_gpu[0].settings is not None
+    on_cpu = [replace(on_gpu[0], settings=on_gpu[0].settings.model_copy(update={"device": "cpu"}))]
+    assert len(summary.warnings(on_gpu, gpus=0)) == 1
+    assert summary.warnings(on_gpu, gpus=1) == [] and summary.warnings(on_cpu, gpus=0) == []
 
 
 @pytest.mark.slow  # ~7 s (a real builder process importing torch): `scripts/test -m slow`; the one-line errors of the
@@ -213,7 +259,9 @@ def test_help_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
 
 _FAST_REFUSAL = """
 import sys
+from builder import summary
 from builder.cli import main
+from builder.machine import nvidia_gpus
 heavy = [m for m in ("torch", "transformers", "onnxruntime") if m in sys.modules]
 assert not heavy, f"import builder.cli imported {heavy}"
 try:

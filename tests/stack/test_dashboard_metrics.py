@@ -71,7 +71,7 @@ class Prometheus:
     def __init__(self, targets: dict[str, list[str]], workdir: Path) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
-            pytest.fail("prometheus is not installed (scripts/install-tools installs Debian's `prometheus`)")
+            pytest.fail("prometheus is not installed (scripts/setup unpacks Debian's `prometheus` into .cache/bin)")
         config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
         config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
         jobs = {job["job_name"]: job for job in config["scrape_configs"]}
