@@ -21,7 +21,7 @@ from builder.onnx_parity import onnx_parity
 from builder.parity import ParityResult, check, compare
 from builder.plan import PlannedBuild, is_up_to_date, plan
 from builder.publish import publish, staging_directory
-from builder.settings import BuildRequest
+from builder.settings import BuildRequest, ResolvedSettings
 from builder.versions import next_version, stage_version
 from contract import entry_names
 
