@@ -22,8 +22,6 @@ from gateway.service.tokenization import TokenizerQueue
 from gateway.settings import GatewaySettings
 from gateway.triton.client import TritonClient
 
-__all__ = ["BatchResult", "Inference", "Inputs", "token_input_unsupported"]
-
 
 class Inference:
     """Both pipelines of one worker: each endpoint runs on the scheduler pipeline where the gateway can tokenize
