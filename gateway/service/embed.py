@@ -9,7 +9,8 @@ import numpy as np
 
 from contract import TruncationDirection
 from gateway.errors import ErrorType, invalid
-from gateway.service.inference import Inference, Inputs, token_input_unsupported
+from gateway.service.inference import Inference, Inputs
+from gateway.service.inference.pipeline import token_input_unsupported
 from gateway.service.prompts import DEFAULT_PROMPT, Prompt, with_prompt
 from gateway.service.registry import Backend, ServedModel
 from gateway.service.serving import Call, ModelRef, Service

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from gateway.errors import ErrorType, GatewayError
 from gateway.service.admission import Backlog
 from gateway.service.inference.ensemble import EnsemblePipeline
-from gateway.service.inference.pipeline import BatchResult, Inputs, Pipeline, token_input_unsupported
+from gateway.service.inference.pipeline import BatchResult, Inputs, Pipeline
 from gateway.service.inference.scheduled import ScheduledPipeline
 from gateway.service.registry import Backend, Endpoint, ServedModel
 from gateway.service.tokenization import TokenizerQueue
