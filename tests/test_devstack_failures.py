@@ -150,6 +150,7 @@ def test_invalid_variable(variable: str, value: str, expected: str, fake_reposit
     assert refused(devstack("--repository", fake_repository, env={variable: value})) == expected
 
 
+@pytest.mark.slow  # a whole devstack start that fails: scripts/test -m slow
 def test_a_child_that_exits_while_starting(fake_repository: Path, tmp_path: Path) -> None:
     """Triton cannot load a model (its model.py does not compile): its reason, from its log, under the error."""
     repository = tmp_path / "models"

@@ -24,6 +24,7 @@ def _fake_hub_cache(hf_home: Path, repo_id: str, model_dir: Path) -> None:
     shutil.copytree(model_dir, root / "snapshots" / COMMIT)
 
 
+@pytest.mark.slow  # a whole build from a hub id in a cache: scripts/test -m slow
 @pytest.mark.timeout(300)
 def test_build_from_hub_id_in_cache(tiny_embedder_dir: Path, tmp_path: Path) -> None:
     hf_home = tmp_path / "hf_home"

@@ -155,6 +155,7 @@ async def _busy(client: aioclient.InferenceServerClient, server: TritonServer, m
     return slow
 
 
+@pytest.mark.slow  # an opt-in Triton queue policy filled under load: scripts/test -m slow
 @pytest.mark.timeout(120)
 def test_full_queue_rejects_at_once(server: TritonServer) -> None:
     """max_queue_size 1: of 16 requests behind a busy instance one waits, the rest are rejected at once.
@@ -184,6 +185,7 @@ def test_full_queue_rejects_at_once(server: TritonServer) -> None:
     assert set(waited) <= {f"{unavailable}{TIMED_OUT}", f"{unavailable}{in_ensemble}{TIMED_OUT}"}, waited
 
 
+@pytest.mark.slow  # an opt-in Triton queue policy's timeout: scripts/test -m slow
 @pytest.mark.timeout(120)
 def test_request_timeout_rejects_while_queued(server: TritonServer) -> None:
     """A request's own `timeout` shorter than its wait is rejected and not executed; without one the
@@ -235,6 +237,7 @@ def _settled(url: str, model: str, done: Callable[[dict[str, int]], bool]) -> di
     return stats
 
 
+@pytest.mark.slow  # an opt-in Triton queue policy and abandoned calls: scripts/test -m slow
 @pytest.mark.timeout(120)
 def test_abandoned_requests_are_not_executed(server: TritonServer) -> None:
     """A client's cancel and a passed gRPC deadline abandon a queued request: with no queue policy (the

@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from devstack.tritonserver import (
     REPO_ROOT,
@@ -153,6 +154,7 @@ def clean_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "PROMETHEUS_MULTIPROC_DIR"))}
 
 
+@pytest.mark.slow  # the rendered pod's processes started for real: scripts/test -m slow
 def test_rendered_pod_serves_embed_over_shared_memory(python_repository: Path, tmp_path: Path) -> None:
     objects = overlay("pvc")
     pod = Pod(objects, python_repository, tmp_path / "volumes")

@@ -130,6 +130,7 @@ def checkov() -> Path:
     return binary
 
 
+@pytest.mark.slow  # checkov's scan of every rendered manifest: scripts/test -m slow
 def test_checkov_finds_nothing_unexplained(tmp_path: Path) -> None:
     for name in OVERLAYS:
         (tmp_path / f"{name}.yaml").write_text(render_text(DEPLOY / "overlays" / name))

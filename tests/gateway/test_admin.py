@@ -163,6 +163,7 @@ async def test_unload_and_load_under_traffic(lifecycle: tuple[TritonServer, Path
         assert (await client.get("/readyz")).json()["families"] == {"tinycls": "ready", "tinyemb": "ready"}
 
 
+@pytest.mark.slow  # a rebuild with the real builder, then a reload under traffic: scripts/test -m slow
 async def test_rebuild_then_reload_under_traffic(lifecycle: tuple[TritonServer, Path, Path]) -> None:
     """Version 2 with other weights; a reload while 8 clients call two gateways: the one that
     reloads (scheduler pipeline: it tokenizes and calls the step) and one that only follows Triton

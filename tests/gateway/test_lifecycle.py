@@ -125,6 +125,7 @@ async def check_embeds(client: httpx.AsyncClient, model: str, texts: list[str]) 
     np.testing.assert_allclose(np.array(r.json()["embeddings"]), want, rtol=1e-6)
 
 
+@pytest.mark.slow  # repositories rebuilt and Triton reloaded several times: scripts/test -m slow
 async def test_discovery_follows_the_repository(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     repo = write_repository(tmp_path / "repo")
     good = ("fakecls_onnx", "fakecls_onnx_ensemble", "fakeemb_onnx", "fakeemb_onnx_ensemble",

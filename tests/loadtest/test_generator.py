@@ -15,6 +15,8 @@ from loadtest.stats import StepSettings
 from loadtest.targets import GatewaySpec, TritonSpec
 from tests.loadtest.conftest import Stack
 
+pytestmark = pytest.mark.slow  # the load generator against real stacks: scripts/test -m slow
+
 TEXTS = make_corpus(CorpusSpec(size=300))
 SHORT = StepSettings(duration_s=0.8, warmup_s=0.2, concurrency=4)  # plumbing, not figures: hundreds of calls
 
