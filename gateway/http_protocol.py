@@ -35,7 +35,7 @@ from fastapi import FastAPI
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from gateway.api.edge import Answer, BodyTooLarge, ClientGone, Edge, Headers, header
+from gateway.api.edge import Answer, BodyTooLarge, ClientGone, Edge, HeadFacts, Headers
 from gateway.api.errors import error_response
 from gateway.api.route_table import EdgeRoute
 from gateway.errors import ErrorType
@@ -138,7 +138,7 @@ class OneWriteCycle(RequestResponseCycle):
                 held.flush()  # a body message that wrote nothing (HEAD, an error): the head still goes
 
 
-class ProtocolRequest:
+class ProtocolRequest(HeadFacts):
     """A request the protocol hands to the edge: its head, and its body as it arrives."""
 
     __slots__ = ("method", "path", "query", "headers", "state", "gone", "body_complete", "_chunks", "_size",
@@ -158,14 +158,6 @@ class ProtocolRequest:
         self._over = False
         self._waiter: asyncio.Future[None] | None = None
         self._transport_info = transport_info
-
-    @property
-    def expects_body(self) -> bool:
-        return self.declared_length() not in (None, 0) or bool(header(self.headers, b"transfer-encoding"))
-
-    def declared_length(self) -> int | None:
-        value = header(self.headers, b"content-length")
-        return int(value) if value.isdigit() else None
 
     def feed(self, chunk: bytes) -> None:
         """Part of the body has arrived (kept until the limit: past it nothing more is)."""

@@ -15,11 +15,11 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import tracing
-from gateway.api.edge import Answer, BodyTooLarge, ClientGone, Edge, Headers, header
+from gateway.api.edge import Answer, BodyTooLarge, ClientGone, Edge, HeadFacts, Headers
 from gateway.api.route_table import EdgeRoute
 
 
-class AsgiRequest:
+class AsgiRequest(HeadFacts):
     """One ASGI request, as the edge reads it. Once its body is read, a watcher waits for the client to leave before
     the answer is complete, and then cancels the request's task (`gone`)."""
 
@@ -33,14 +33,6 @@ class AsgiRequest:
         self._scope, self._receive, self._router = scope, receive, router
         self._task = asyncio.current_task()
         self._watcher: asyncio.Task[None] | None = None
-
-    @property
-    def expects_body(self) -> bool:
-        return self.declared_length() not in (None, 0) or bool(header(self.headers, b"transfer-encoding"))
-
-    def declared_length(self) -> int | None:
-        value = header(self.headers, b"content-length")
-        return int(value) if value.isdigit() else None
 
     def body_now(self, limit: int) -> bytes | None:
         return None  # an ASGI body comes by `receive` only

@@ -106,6 +106,21 @@ def header(headers: Headers, name: bytes) -> bytes:
     return next((v for k, v in headers if k == name), b"")
 
 
+class HeadFacts:
+    """What a request's head says of its body (both transports' requests are these)."""
+
+    __slots__ = ()
+    headers: Headers
+
+    @property
+    def expects_body(self) -> bool:
+        return self.declared_length() not in (None, 0) or bool(header(self.headers, b"transfer-encoding"))
+
+    def declared_length(self) -> int | None:
+        value = header(self.headers, b"content-length")
+        return int(value) if value.isdigit() else None
+
+
 class _RequestIds:
     """New request ids: 32 hex digits, a random prefix per process then a counter. Unique like uuid4's, at
     a fraction of its cost (uuid4 reads 16 random bytes from the kernel per request)."""
