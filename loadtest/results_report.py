@@ -106,6 +106,9 @@ def how_fast(rows: Sequence[ResultRow]) -> str:
     return "\n".join([*head, *lines, "", "; ".join(notes) + "."])
 
 
+AB_RUN = re.compile(r"(?<![a-z])(old|new)(?![a-z])")  # an A/B's runs: gw-old1, round2-new; a commit's other runs are no round
+
+
 def _round(run: str) -> str:
     """A run's round: its last number (gw-old1, round2-new)."""
     found = re.search(r"(\d+)\D*$", run)
@@ -115,7 +118,8 @@ def _round(run: str) -> str:
 def ab_table(rows: Sequence[ResultRow], old: str, new: str) -> str:
     """bench7's scheduler loads of two commits (run in turns on one machine): each round's new/old and the medians'.
     Within 5%: texts/s at least 0.95x the old, a lone text's p50 at most 1.05x."""
-    picked = [r for r in rows if r.benchmark == "bench7" and r.series == SERIES and r.metric in ("throughput", "p50")]
+    picked = [r for r in rows if r.benchmark == "bench7" and r.series == SERIES and r.metric in ("throughput", "p50")
+              and AB_RUN.search(r.run)]
     lines = ["| load | metric | old | new | new / old per round | new / old of the medians | within 5% |",
              "| --- | --- | --- | --- | --- | ---: | --- |"]
     for load, metric in [*((load, "throughput") for load in LOADS), (LONE, "p50")]:

@@ -37,11 +37,10 @@ if [ ! -f "$out/b/tritonserver.tar.xz" ]; then
   tar -C "$base" -c pytriton/tritonserver/bin pytriton/tritonserver/backends pytriton/tritonserver/caches \
     pytriton/tritonserver/python_backend_stubs/3.12 nvidia_pytriton.libs | xz -9 -T0 > "$out/b/tritonserver.tar.xz"
 fi
-# infinity-emb pins numpy<2, transformers<=5.0 (hence huggingface-hub<1 and tokenizers<=0.23.0),
-# sentence-transformers<4, typer<0.13, rich<14, click<8.2, uvicorn<0.33: its own environment there.
-download "$out/c/whl" infinity-emb==0.0.78 sentence-transformers==3.4.1 transformers==4.57.6 tokenizers==0.22.1 \
-  huggingface-hub==0.36.0 typer==0.12.5 click==8.1.8 rich==13.9.4 posthog==7.91.1 backoff==2.2.1 distro==1.9.0 \
-  prometheus-fastapi-instrumentator==8.1.0 uvicorn==0.32.1 numpy==1.26.4 fastapi==0.165.0 starlette==1.10.0 \
-  pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.7.0 typing-inspection==0.4.5 orjson==3.13.0 \
-  opentelemetry-api==1.45.2 httptools==0.9.0
+# infinity-emb runs over the host's own torch, transformers 5 and sentence-transformers 6 (its pins on numpy<2 and
+# transformers 4 would break the host's scipy): only its server's packages and pydantic travel (setup.sh patches it).
+rm -rf "$out/c/whl" && mkdir -p "$out/c/whl"
+download "$out/c/whl" infinity-emb==0.0.78 fastapi==0.118.3 starlette==0.48.0 uvicorn==0.32.1 httptools==0.7.1 \
+  orjson==3.11.3 prometheus-fastapi-instrumentator==7.1.0 pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.7.0 \
+  typing-inspection==0.4.5
 du -sh "$out"/a "$out"/b "$out"/c

@@ -71,7 +71,7 @@ case "${1:-}" in
     python3 -c "from pathlib import Path; from loadtest.models import make_bert
 make_bert(Path('$W/model'), 'embed', 'base')"
     build_with . "$W/repository"
-    if [ -d "$BEFORE/builder" ]; then rm -rf "$W/before"; build_with "$BEFORE" "$W/before/repository"; fi
+    if [ -d "$BEFORE/builder" ]; then rm -rf "$W/before" && mkdir -p "$W/before"; build_with "$BEFORE" "$W/before/repository"; fi
     ;;
   check)
     vars=(); with_mps vars

@@ -6,7 +6,7 @@
 #   /tmp/site     gateway, builder and loadtest wheels for the host's python3 (PYTHONPATH)
 #   /tmp/stubenv  the python-backend stub's environment: numpy 1.26 + onnxruntime-gpu, then the host's packages
 #                 (the 2.51 stub needs numpy 1; the host's transformers needs its numpy 2: kept apart)
-#   /tmp/infenv   infinity-emb's environment: the versions it pins + numpy 1.26, then the host's packages
+#   /tmp/infenv   infinity-emb's environment: it and its server's packages, then the host's (transformers 5)
 #   /tmp/ts       tritonserver (PyPI wheel binary) with the Python 3.12 stub
 set -euo pipefail
 root=${GPU_BUNDLE:-.gpu}
@@ -45,9 +45,11 @@ if [ -n "$numpy1" ] && [ -d /tmp/ortgpu/onnxruntime ] && [ ! -d /tmp/stubenv/lib
   install "$stub_site" "$numpy1"
   cp -r /tmp/ortgpu/. "$stub_site/"  # shadows the host's CPU onnxruntime in this environment only
 fi
-if ls "$root"/c/whl/*.whl >/dev/null 2>&1 && [ -n "$numpy1" ] && [ ! -d /tmp/infenv/lib ]; then
+if ls "$root"/c/whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/infenv/lib ]; then
   inf_site=$(venv /tmp/infenv)
-  install "$inf_site" $(ls "$root"/*/whl/*.whl | grep -v -e /uvicorn-0.5 | sort -u -t/ -k4,4)
+  install "$inf_site" "$root"/c/whl/*.whl
+  # transformers 5 has no batch_encode_plus, which infinity calls only to count tokens
+  grep -rl '_infinity_tokenizer\.batch_encode_plus(' "$inf_site/infinity_emb" | xargs -r sed -i 's/_infinity_tokenizer\.batch_encode_plus(/_infinity_tokenizer(/'
 fi
 nvlibs=$(find "$host_site/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: || true)
 cat > /tmp/lt-env.sh <<ENV
