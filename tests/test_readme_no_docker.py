@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import psutil
 import pytest
 
 from devstack.tritonserver import REPO_ROOT, free_port
+from tests.fixtures.waiting import wait_until
 
 BEGIN, END = "<!-- no-docker:begin -->", "<!-- no-docker:end -->"
 DEVSTACK = re.compile(r"-m devstack\b")
@@ -58,15 +58,14 @@ def test_readme_no_docker_block_on_a_fresh_clone(tmp_path: Path) -> None:
     env["GATEWAY_PORT"] = str(port)
     script = "set -euo pipefail\n" + "\n".join(commands[: at + 1]) + "\n"
     output = tmp_path / "output.txt"
-    started = time.monotonic()
     with open(output, "wb") as out:
         process = subprocess.Popen(["bash", "-c", script], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     try:
-        while not (banner := BANNER.search(output.read_text(errors="replace"))):
-            assert process.poll() is None, f"the block stopped (exit {process.returncode}):\n{output.read_text()}"
-            assert time.monotonic() - started < SETUP_TIMEOUT_S, f"devstack not up:\n{output.read_text()}"
-            time.sleep(1)
+        wait_until(lambda: bool(BANNER.search(output.read_text(errors="replace"))) or process.poll() is not None,
+                   "devstack's banner", within_s=SETUP_TIMEOUT_S, poll_s=1.0)
+        banner = BANNER.search(output.read_text(errors="replace"))
+        assert banner is not None, f"the block stopped (exit {process.returncode}):\n{output.read_text()}"
         assert banner.group(1) == f"http://127.0.0.1:{port}"
         for command in commands[at + 1:]:
             subprocess.run(["bash", "-c", command], cwd=clone, env=env, check=True, timeout=120)
