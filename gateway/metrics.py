@@ -17,6 +17,7 @@ Final names (the Grafana dashboard is built from them; all prefixed `gateway_`):
 | gateway_batch_tokens | histogram | model: tokens computed per batch (rows x padded width; the real tokens of a packed batch) |
 | gateway_scheduled_tokens_total | counter | model, kind (`real`: the texts' own tokens; `computed`: rows x padded width, or the real tokens of a packed batch) |
 | gateway_batch_queue_seconds | histogram | model: how long the oldest text of a batch waited in the queue |
+| gateway_lane_wait_seconds | histogram | model, lane: the same per lane (`interactive`, `batch`: X-Priority) |
 | gateway_tokenize_seconds | histogram | model: tokenization time of one request in the gateway |
 | gateway_queued_texts | gauge | (none): texts waiting in the schedulers' queues |
 
@@ -130,6 +131,13 @@ QUEUE_WAIT = Histogram(
     ("model",),
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+LANE_WAIT = Histogram(
+    "gateway_lane_wait_seconds",
+    "How long the oldest text of each lane (X-Priority: interactive, batch) in a batch waited in the gateway's "
+    "queue before the batch was sent.",
+    ("model", "lane"),
+    buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
 TOKENIZE = Histogram(
     "gateway_tokenize_seconds",
     "Tokenization time of one request in the gateway.",
@@ -157,6 +165,7 @@ class BatchMetrics:
         self._real = BATCH_TOKENS_TOTAL.labels(model, "real")
         self._computed = BATCH_TOKENS_TOTAL.labels(model, "computed")
         self._wait = QUEUE_WAIT.labels(model)
+        self._lane_wait = {lane: LANE_WAIT.labels(model, lane) for lane in ("interactive", "batch")}
         self.tokenize = TOKENIZE.labels(model)
 
     def observe(self, rows: int, computed: int, real: int, waited: float) -> None:
@@ -167,6 +176,10 @@ class BatchMetrics:
         self._real.inc(real)
         self._computed.inc(computed)
         self._wait.observe(waited)
+
+    def lane_waited(self, lane: str, waited: float) -> None:
+        """The oldest text of `lane` in a batch waited `waited` s."""
+        self._lane_wait[lane].observe(waited)
 
     @staticmethod
     def queued(delta: int) -> None:

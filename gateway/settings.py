@@ -83,7 +83,13 @@ class GatewaySettings(BaseSettings):
         "so that clients retrying at once cannot take the CPU the admitted work needs; 0 = answer at once.",
     )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
-    request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a whole HTTP request (504 after).")
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="Deadline of a whole HTTP request (504 after) that does not say its own with "
+        "X-Request-Timeout.")
+    max_request_timeout_s: float = Field(
+        300.0, gt=0, description="The longest deadline a request may ask for with X-Request-Timeout (a longer one is "
+        "cut to it). A request with its own deadline is admitted while the work ahead fits 80% of it, instead of "
+        "GATEWAY_MAX_QUEUE_WAIT_S.")
     startup_timeout_s: float = Field(5.0, gt=0, description="How long start-up waits for Triton before serving.")
     ready_probe_timeout_s: float = Field(
         2.0, gt=0, description="`/readyz?deep=1`: deadline of the one-token request through each served model."

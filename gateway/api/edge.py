@@ -1,6 +1,7 @@
 """The gateway's edge: the steps every HTTP request takes, in order, written once (`Edge.serve`).
 
-    1. request id   the caller's X-Request-ID when short and plain, else a new one; echoed on every answer
+    1. request id   the caller's X-Request-ID when short and plain, else a new one; echoed on every answer; the
+                    request's deadline (X-Request-Timeout) and lane (X-Priority) are read from its arrival
     2. access log   the answer, whoever gave it, counted and timed on its route, and one log line
     3. last resort  an exception that escapes is a logged 500 carrying the request id
     4. key          401/403/404 before anything of the body is read (api/auth.py)
@@ -40,6 +41,7 @@ from gateway.api.route_table import EdgeRoute, RouteTable
 from gateway.api.tei_errors import TEI_PREFIX, tei_error
 from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import IN_FLIGHT, INPUTS_PER_REQUEST, REQUEST_LATENCY, REQUESTS
+from gateway.service.admission import LANES, Lane, Urgency
 from gateway.service.registry import Backend
 from gateway.settings import GatewaySettings
 
@@ -51,6 +53,10 @@ Headers = list[tuple[bytes, bytes]]  # lower-case names, in order
 CLIENT_CLOSED_REQUEST = 499  # nginx's "client closed request": the status logged when the client left
 _SAFE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 _BACKENDS: dict[str, Backend] = {name: name for name in get_args(Backend)}
+TIMEOUT_HEADER = b"x-request-timeout"  # seconds the client will wait for its answer
+PRIORITY_HEADER = b"x-priority"  # interactive (the default) or batch
+_LANES: dict[bytes, Lane] = {lane.encode(): lane for lane in LANES}
+_URGENCIES = {(lane, own): Urgency(lane, own) for lane in LANES for own in (False, True)}
 
 
 class Answer(NamedTuple):
@@ -204,6 +210,7 @@ class Edge:
         self.max_body_bytes = settings.max_body_bytes
         self.body_timeout_s = settings.body_timeout_s
         self.request_timeout_s = settings.request_timeout_s
+        self.max_request_timeout_s = settings.max_request_timeout_s
         self.shed_pause_s = settings.shed_pause_s
         self.in_flight_pause_s = min(settings.shed_pause_s, 1.0)
         self.id_lookup = settings.request_id_header.lower().encode()
@@ -214,6 +221,7 @@ class Edge:
         and log it. A request whose client left gets no answer and is logged 499; one cancelled otherwise (the
         server shutting down) is neither answered nor logged."""
         start = time.perf_counter()
+        request.state["arrival"] = time.monotonic()
         rid = request.state["request_id"] = request_id(request.headers, self.id_lookup)
         try:
             answer = await self._answer(request, route)
@@ -243,6 +251,10 @@ class Edge:
         denied = self._key_refusal(request)
         if denied is not None:
             return _error(denied, close=unread)
+        try:
+            self._terms(request)
+        except GatewayError as exc:
+            return _error(exc, close=unread)
         declared = request.declared_length()
         if declared is not None and declared > self.max_body_bytes:
             return _answer(self._too_large(), close=unread)
@@ -281,6 +293,29 @@ class Edge:
             return None
         return check_api_key(header(request.headers, b"authorization").decode("latin-1"), self.api_keys)
 
+    def _terms(self, request: Incoming) -> None:
+        """The request's deadline (time.monotonic(): X-Request-Timeout from now, at most GATEWAY_MAX_REQUEST_TIMEOUT_S,
+        else GATEWAY_REQUEST_TIMEOUT_S) and urgency (X-Priority's lane) into its state, for the services."""
+        state, headers = request.state, request.headers
+        timeout, own = self.request_timeout_s, False
+        if given := header(headers, TIMEOUT_HEADER):
+            try:
+                timeout, own = min(float(given), self.max_request_timeout_s), True
+            except ValueError:
+                timeout = 0.0
+            if not timeout > 0:  # also NaN
+                raise GatewayError(ErrorType.INVALID_REQUEST, "X-Request-Timeout: must be a number of seconds over 0 "
+                                   f"(got {given.decode('latin-1')[:40]!r})")
+        lane: Lane = "interactive"
+        if given := header(headers, PRIORITY_HEADER):
+            found = _LANES.get(given.strip().lower())
+            if found is None:
+                raise GatewayError(ErrorType.INVALID_REQUEST, "X-Priority: must be one of "
+                                   f"{', '.join(LANES)} (got {given.decode('latin-1')[:40]!r})")
+            lane = found
+        state["deadline"] = state["arrival"] + timeout
+        state["urgency"] = _URGENCIES[lane, own]
+
     def _too_large(self) -> Response:
         return error_response(ErrorType.BODY_TOO_LARGE, f"request body over the limit of {self.max_body_bytes} bytes")
 
@@ -304,8 +339,8 @@ class Edge:
             return None
         model = route.path_model(request.path) or fields[0]
         try:
-            self.app.state.runtime.check_admission(model, route.task or None, fields[1],
-                                                   time.monotonic() + self.request_timeout_s)
+            self.app.state.runtime.check_admission(model, route.task or None, fields[1], request.state["deadline"],
+                                                   request.state["urgency"])
         except GatewayError as exc:
             request.state["model"] = model or ""
             pause = min(self.shed_pause_s, exc.retry_after_s or 0.0)

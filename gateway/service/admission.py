@@ -9,8 +9,10 @@ each other in Triton, count what they really add, and a per-call overhead measur
 texts is not mistaken for a per-token cost.
 
 A request is refused (`overloaded`, 503, Retry-After = when the work ahead should be done) when
-the work ahead of it would take longer than `max_wait_s` or 80% of its remaining deadline. Its own
-size never counts: an idle model admits any request within the request limits, and so does a
+the work ahead of it would take longer than 80% of its remaining deadline, and, unless the client chose that
+deadline itself (X-Request-Timeout: a bulk job that would gladly wait), longer than `max_wait_s`. The work
+ahead of an interactive request is what it cannot overtake: everything but the batch lane's queued rows
+(service/batch_queue.py). Its own size never counts: an idle model admits any request within the request limits, and so does a
 model whose cost is not measured yet (fewer than MIN_CALLS calls). The check needs no
 tokenization, so it runs before any; an admitted request is counted in at once with a guess of
 its size from its characters (so that a burst admitted while it is being tokenized is not
@@ -22,10 +24,25 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 from gateway.errors import ErrorType, GatewayError
 
+Lane = Literal["interactive", "batch"]  # X-Priority: interactive work is batched first, batch work fills the rest
+LANES: tuple[Lane, ...] = get_args(Lane)
 ADMIT_FRACTION = 0.8  # share of a request's remaining time it may spend waiting behind others
+
+
+@dataclass(frozen=True, slots=True)
+class Urgency:
+    """How a request may wait: its lane, and whether its deadline is the client's own (X-Request-Timeout)."""
+
+    lane: Lane = "interactive"
+    own_deadline: bool = False
+
+
+INTERACTIVE = Urgency()
 _HALF_LIFE_CALLS = 64  # the fit forgets older calls by this half-life (the hardware may change: reload, contention)
 _DECAY = 0.5 ** (1 / _HALF_LIFE_CALLS)
 _MIN_SPREAD = 0.2  # units must vary by this much (coefficient of variation) to split per-call from per-unit cost
@@ -125,6 +142,8 @@ class Backlog:
         self.pending = 0  # units admitted and not finished
         self.pending_rows = 0
         self.pending_calls = 0  # call_units None: calls admitted and not finished
+        self.queued_batch = 0  # of those, the batch lane's units still queued: interactive work goes first
+        self.queued_batch_rows = 0
         self.service = ServiceTime()
         self.clock = BusyClock()
         self.call_latency_s = 0.0  # moving average of a call's wall time (queueing in Triton included)
@@ -141,35 +160,46 @@ class Backlog:
             Backlog.shedding_models += 1 if value else -1
             self._shedding = value
 
-    def pending_call_count(self) -> int:
-        """Calls that serving the pending work takes (at the least, where the gateway forms them)."""
-        if self.pending <= 0:
+    def _call_count(self, units: int, rows: int) -> int:
+        """Calls that serving `units` in `rows` takes (at the least, where the gateway forms them)."""
+        if units <= 0:
             return 0
         if self.call_units is None:
             return self.pending_calls
-        calls = math.ceil(self.pending / self.call_units)
-        return max(calls, math.ceil(self.pending_rows / self.call_rows)) if self.call_rows else calls
+        calls = math.ceil(units / self.call_units)
+        return max(calls, math.ceil(rows / self.call_rows)) if self.call_rows else calls
 
-    def wait_s(self) -> float:
-        """Expected time until the work admitted so far is served (0 while nothing is pending or the cost is unknown)."""
-        if self.pending <= 0 or not self.service.known:
+    def pending_call_count(self) -> int:
+        """Calls that serving the pending work takes."""
+        return self._call_count(self.pending, self.pending_rows)
+
+    def wait_s(self, lane: Lane = "batch") -> float:
+        """Expected time until the work ahead of a request of `lane` is served: all pending work, or for an
+        interactive request all but the batch lane's queued rows (0 while the cost is unknown)."""
+        units, rows = self.pending, self.pending_rows
+        if lane == "interactive":
+            units, rows = units - self.queued_batch, rows - self.queued_batch_rows
+        if units <= 0 or not self.service.known:
             return 0.0
-        return self.service.seconds(self.pending, self.pending_call_count())
+        return self.service.seconds(units, self._call_count(units, rows))
 
-    def check(self, deadline: float) -> None:
+    def check(self, deadline: float, urgency: Urgency = INTERACTIVE) -> None:
         """Raise `overloaded` when the work ahead would not be served before a request due at `deadline`
-        (time.monotonic()) could start: more than `max_wait_s`, or than 80% of its remaining time."""
-        wait = self.wait_s()
+        (time.monotonic()) could start: more than 80% of its remaining time, or than `max_wait_s` where the
+        deadline is not the client's own."""
+        wait = self.wait_s(urgency.lane)
         if wait <= 0.0:
             self.shedding = False
             return
-        allowed = min(self.max_wait_s, ADMIT_FRACTION * (deadline - time.monotonic()))
+        allowed = ADMIT_FRACTION * (deadline - time.monotonic())
+        if not urgency.own_deadline:
+            allowed = min(self.max_wait_s, allowed)
         if wait > allowed:
             self.shedding = True
             raise GatewayError(
                 ErrorType.OVERLOADED,
                 f"{self.name} is overloaded: about {wait:.1f}s of work ahead, over the {max(allowed, 0.0):.1f}s this "
-                "request may wait; retry after it",
+                "request may wait; retry after it, or say how long it may wait (X-Request-Timeout)",
                 retry_after_s=wait,
             )
         self.shedding = False
@@ -182,16 +212,25 @@ class Backlog:
         if chars > 0:
             self.units_per_char += 0.1 * (units / chars - self.units_per_char)
 
-    def add(self, units: int, rows: int = 0, calls: int = 0) -> None:
+    def add(self, units: int, rows: int = 0, calls: int = 0, lane: Lane = "interactive") -> None:
         """Count an admitted request's work in (`calls`: the calls it makes, where callers make them)."""
         self.pending += units
         self.pending_rows += rows
         self.pending_calls += calls
+        if lane == "batch":
+            self.queued_batch += units
+            self.queued_batch_rows += rows
 
-    def admit(self, units: int, deadline: float, rows: int = 0, calls: int = 0) -> None:
+    def admit(self, units: int, deadline: float, rows: int = 0, calls: int = 0, urgency: Urgency = INTERACTIVE
+              ) -> None:
         """`check`, then `add`."""
-        self.check(deadline)
-        self.add(units, rows, calls)
+        self.check(deadline, urgency)
+        self.add(units, rows, calls, urgency.lane)
+
+    def started(self, batch_lane_lengths: list[int]) -> None:
+        """Rows of the batch lane went into a batch: interactive work can no longer overtake them."""
+        self.queued_batch -= sum(batch_lane_lengths)
+        self.queued_batch_rows -= len(batch_lane_lengths)
 
     def call_started(self) -> float:
         """A call of this model starts: the mark for `served` / `call_ended`."""
@@ -211,8 +250,12 @@ class Backlog:
         self.service.observe(units, self.clock.stop(mark))
         self.done(units, rows, 1 if self.call_units is None else 0)
 
-    def done(self, units: int, rows: int = 0, calls: int = 0) -> None:
-        """Work that left without a measurement (served elsewhere, failed, or its caller gave up)."""
+    def done(self, units: int, rows: int = 0, calls: int = 0, queued_in: Lane | None = None) -> None:
+        """Work that left without a measurement (served elsewhere, failed, or its caller gave up; `queued_in`: the
+        lane of rows that left while queued)."""
         self.pending -= units
         self.pending_rows -= rows
         self.pending_calls -= calls
+        if queued_in == "batch":
+            self.queued_batch -= units
+            self.queued_batch_rows -= rows

@@ -81,8 +81,8 @@ class ClassifyService(Service):
         self.check_texts(call, texts, pairs or [])
         served = await self.model(call, model, "classify")
         check_pairs(served, pairs is not None)
-        inputs = Inputs(texts, pairs, direction)
-        preds, tokens = await self.within_deadline(lambda deadline: classify(
+        inputs = Inputs(texts, pairs, direction, urgency=self.urgency(call))
+        preds, tokens = await self.within_deadline(call, lambda deadline: classify(
             self.inference, served, inputs, truncate=query.truncate, backend=query.backend, deadline=deadline,
             raw_scores=query.raw_scores))
         return Classification(served.name, preds, tokens)

@@ -9,6 +9,7 @@ import numpy as np
 
 from contract import TruncationDirection
 from gateway.errors import ErrorType, invalid
+from gateway.service.admission import Urgency
 from gateway.service.inference import Inference, Inputs
 from gateway.service.inference.pipeline import token_input_unsupported
 from gateway.service.prompts import DEFAULT_PROMPT, Prompt, with_prompt
@@ -70,16 +71,18 @@ class EmbedService(Service):
                 texts = self.cut(texts, query.direction)
             self.check_texts(call, texts)
         served = await self.model(call, model, "embed")
-        given = self._token_inputs(served, query.token_ids, query.prompt) if query.token_ids is not None else None
+        urgency = self.urgency(call)
+        if query.token_ids is not None:
+            inputs = self._token_inputs(served, query.token_ids, query.prompt, urgency)
+        else:
+            inputs = Inputs(with_prompt(texts, query.prompt.prefix(served)), None, query.direction, urgency=urgency)
         width = check_dimensions(served, query.dimensions)
-        inputs = given if given is not None else Inputs(with_prompt(texts, query.prompt.prefix(served)), None,
-                                                        query.direction)
-        vectors, tokens = await self.within_deadline(lambda deadline: embed(
+        vectors, tokens = await self.within_deadline(call, lambda deadline: embed(
             self.inference, served, inputs, normalize=query.normalize, dimensions=width, truncate=query.truncate,
             backend=query.backend, deadline=deadline))
         return Embeddings(served.name, vectors, tokens)
 
-    def _token_inputs(self, model: ServedModel, rows: list[list[int]], prompt: Prompt) -> Inputs:
+    def _token_inputs(self, model: ServedModel, rows: list[list[int]], prompt: Prompt, urgency: Urgency) -> Inputs:
         """Token ids as given: 400 with an input type (prompts are text), for a model whose tokenizer the gateway
         cannot read, or for an id outside the model's vocabulary."""
         if prompt.input_type is not None:
@@ -89,7 +92,7 @@ class EmbedService(Service):
         if tokenizer is None:
             raise token_input_unsupported(model)
         check_token_ids(tokenizer.encoder, rows)
-        return Inputs([], token_ids=rows)
+        return Inputs([], token_ids=rows, urgency=urgency)
 
 
 async def embed(

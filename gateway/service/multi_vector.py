@@ -61,7 +61,8 @@ class MultiVectorService(Service):
         if not _has(served, output):  # 424
             raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {served.name!r} has no {output} output: "
                                f"{spec.route} serves {spec.served}")
-        inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction)
-        result = await self.within_deadline(lambda deadline: self.inference.run(
+        inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction,
+                        urgency=self.urgency(call))
+        result = await self.within_deadline(call, lambda deadline: self.inference.run(
             served, inputs, truncate=truncate, backend=backend, deadline=deadline, output=output))
         return TokenVectors(served.name, [vectors[spec.first:] for vectors in result.per_text], result.tokens)

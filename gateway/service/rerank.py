@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract import TruncationDirection
+from gateway.service.admission import INTERACTIVE, Urgency
 from gateway.service.classify import softmax
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, ServedModel
@@ -26,10 +27,10 @@ def relevance(model: ServedModel, logits: np.ndarray, raw: bool) -> np.ndarray:
 
 async def rerank(
     inference: Inference, model: ServedModel, query: str, texts: list[str], *, raw_scores: bool, truncate: bool,
-    direction: TruncationDirection, backend: Backend | None, deadline: float,
+    direction: TruncationDirection, backend: Backend | None, deadline: float, urgency: Urgency = INTERACTIVE,
 ) -> tuple[np.ndarray, int]:
     """The relevance score of every text to `query`, in input order, and the billed token count."""
-    inputs = Inputs([query] * len(texts), texts, direction)
+    inputs = Inputs([query] * len(texts), texts, direction, urgency=urgency)
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
     return relevance(model, result.rows, raw_scores), result.tokens
 
@@ -72,7 +73,7 @@ class RerankService(Service):
             texts, (query,) = self.cut(texts, direction), self.cut([query], direction)
         self.check_texts(call, texts, [query])
         served = await self.model(call, model, "rerank")
-        scores, tokens = await self.within_deadline(lambda deadline: rerank(
+        scores, tokens = await self.within_deadline(call, lambda deadline: rerank(
             self.inference, served, query, texts, raw_scores=request.raw_scores, truncate=request.truncate,
-            direction=direction, backend=request.backend, deadline=deadline))
+            direction=direction, backend=request.backend, deadline=deadline, urgency=self.urgency(call)))
         return Ranking(served.name, scores.tolist(), ranking(scores, request.top_n), tokens)

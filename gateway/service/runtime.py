@@ -11,6 +11,7 @@ import time
 from tritonclient.grpc import model_config_pb2
 
 from gateway.errors import GatewayError
+from gateway.service.admission import INTERACTIVE, Urgency
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, Registry, ServedModel, Task
 from gateway.settings import GatewaySettings
@@ -101,7 +102,8 @@ class Runtime:
         await self.refresh()
         return self.registry.resolve_any(name)
 
-    def check_admission(self, name: str | None, task: Task | None, backend: Backend | None, deadline: float) -> None:
+    def check_admission(self, name: str | None, task: Task | None, backend: Backend | None, deadline: float,
+                        urgency: Urgency = INTERACTIVE) -> None:
         """Raise `overloaded` when the model a request names (of `task`; None: any task) is shedding and
         would refuse it now (the check service/admission.py makes, before anything is parsed or
         tokenized); nothing when the model or backend is unknown here (the route answers that)."""
@@ -111,7 +113,7 @@ class Runtime:
         except GatewayError:
             return
         if backlog is not None and backlog.shedding:
-            backlog.check(deadline)
+            backlog.check(deadline, urgency)
 
     async def probe(self, models: list[ServedModel] | None = None) -> dict[str, str]:
         """Run a one-token request through every served model (or `models`): `ok` or what failed, by name."""

@@ -32,7 +32,6 @@ computed. A failed batch fails every caller with a row in it.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import functools
 import itertools
 import logging
@@ -49,15 +48,18 @@ from contract.tokenization import EncodedTexts
 from gateway import tracing
 from gateway.errors import ErrorType, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
-from gateway.service.admission import Backlog
+from gateway.service.admission import LANES, Backlog, Lane
+from gateway.service.batch_queue import BATCHED, QUEUED, Batch, Caller, LaneQueue, Outputs, Row, deliver
 from gateway.service.batch_tensors import outputs_by_row, packed_tensors, padded_tensors
 
 log = logging.getLogger("gateway.scheduler")
 
 # (named int32 input tensors, rows, deadline) -> outputs [rows, width_out] float32
 RunBatch = Callable[[dict[str, np.ndarray], int, float], Awaitable[np.ndarray]]
-# what a caller gets: [n, width] float32, or per token (`per_token`) one [tokens_i, ...] array per text
-Outputs = np.ndarray | list[np.ndarray | None]
+# A batch-lane row leads a batch once its deadline is this many calls away (each call's time as the backlog has
+# measured it), or this many seconds, whichever is later: it waits behind interactive work, never past its deadline.
+DUE_CALLS = 4
+DUE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -74,112 +76,6 @@ class BatchPolicy:
     layout: Layout = "padded"
 
 
-class _Batch:
-    __slots__ = ("live", "served", "released", "task")
-
-    def __init__(self, live: int) -> None:
-        self.task: asyncio.Task[None] | None = None
-        self.live = live  # callers of this batch still waiting
-        self.served = False  # its tokens left the backlog as served
-        self.released = False  # its in-flight slot is free again
-
-
-_QUEUED, _BATCHED, _DROPPED = 0, 1, 2
-
-
-class _Row:
-    __slots__ = ("caller", "index", "ids", "types", "length", "since", "seq", "state")
-
-    def __init__(self, caller: _Caller, index: int, ids: np.ndarray, types: np.ndarray | None, since: float,
-                 seq: int) -> None:
-        self.caller = caller
-        self.index = index
-        self.ids = ids
-        self.types = types
-        self.length = len(ids)
-        self.since = since
-        self.seq = seq  # arrival order
-        self.state = _QUEUED
-
-
-class _WidthQueues:
-    """The padded layout's queue: rows by the width a batch pads them to, each width in arrival order,
-    and the widths that have rows, sorted (rows given up on stay until a batch reaches them)."""
-
-    def __init__(self, shapes: Shapes) -> None:
-        self.shapes = shapes
-        self.rows: dict[int, deque[_Row]] = {}
-        self.widths: list[int] = []
-
-    def width(self, row: _Row) -> int:
-        return self.shapes.width(row.length)
-
-    def _queue(self, width: int) -> deque[_Row]:
-        queue = self.rows.get(width)
-        if queue is None:
-            queue = self.rows[width] = deque()
-            bisect.insort(self.widths, width)
-        return queue
-
-    def append(self, row: _Row) -> None:
-        self._queue(self.width(row)).append(row)
-
-    def put_back(self, row: _Row) -> None:
-        """Return a row taken from the front of its queue to the front."""
-        self._queue(self.width(row)).appendleft(row)
-
-    def prune(self) -> None:
-        """Forget the widths whose queues are empty."""
-        for width in [w for w in self.widths if not self.rows[w]]:
-            del self.rows[width]
-            self.widths.remove(width)
-
-    def clear(self) -> None:
-        self.rows.clear()
-        self.widths.clear()
-
-
-class _Caller:
-    """One submit(): where its rows' outputs go, how many are still missing, and by when."""
-
-    __slots__ = ("future", "outputs", "remaining", "deadline", "batches", "trace", "rows", "on_gone")
-
-    def __init__(self, future: asyncio.Future[Outputs], outputs: Outputs,
-                 deadline: float, on_gone: Callable[[list[_Row]], None]) -> None:
-        self.future = future
-        self.outputs = outputs
-        self.remaining = len(outputs)
-        self.deadline = deadline
-        self.batches: list[_Batch] = []
-        self.trace: tracing.Waiting | None = None  # its `queue` span and request context, when tracing
-        self.rows: list[_Row] = []
-        self.on_gone = on_gone
-        future.add_done_callback(self._done)
-
-    def _done(self, future: asyncio.Future[Outputs]) -> None:
-        queued = [row for row in self.rows if row.state == _QUEUED]
-        for row in queued:
-            row.state = _DROPPED
-        if queued:
-            self.on_gone(queued)  # the caller gave up or failed: its queued rows leave at once
-        if not future.cancelled():
-            return
-        for batch in self.batches:
-            batch.live -= 1
-            if batch.live == 0 and batch.task is not None:
-                batch.task.cancel()  # nobody waits for it: stop the Triton call
-
-
-def _deliver(batch: list[_Row], results: list[np.ndarray]) -> None:
-    """Each row's output to its caller; a caller whose rows are all in is woken with them (unless it gave up)."""
-    for row, output in zip(batch, results):
-        caller = row.caller
-        caller.outputs[row.index] = output
-        caller.remaining -= 1
-        if caller.remaining == 0 and not caller.future.done():
-            caller.future.set_result(caller.outputs)
-
-
 class BatchScheduler:
     """The queue and batch former of one model step in one gateway worker."""
 
@@ -191,10 +87,8 @@ class BatchScheduler:
         self.policy = policy
         self._run_batch = run_batch
         self._metrics = metrics
-        self._queue: deque[_Row] = deque()  # arrival order; rows batched or given up on are skipped when reached
-        self._by_width = _WidthQueues(policy.shapes)  # padded layout: the same rows by padded width
+        self._lanes = {lane: LaneQueue(policy.shapes) for lane in LANES}  # interactive first, then batch
         self._seq = itertools.count()
-        self._queued = 0  # rows in the queue that are still wanted
         self._in_flight = 0
         self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s, call_units=policy.max_tokens,
                                call_rows=policy.max_rows)  # queued and running tokens and rows
@@ -203,42 +97,41 @@ class BatchScheduler:
     @property
     def queued(self) -> int:
         """Rows waiting for a batch."""
-        return self._queued
+        return sum(lane.queued for lane in self._lanes.values())
 
-    async def submit(self, encoded: EncodedTexts, deadline: float, counted: bool = False) -> Outputs:
+    async def submit(self, encoded: EncodedTexts, deadline: float, counted: bool = False,
+                     lane: Lane = "interactive") -> Outputs:
         """Outputs [n, width] float32 of the tokenized texts, in order, served before `deadline`
-        (time.monotonic()) or cancelled with the caller. Admission (`backlog.check`) is the caller's;
-        `counted`: the caller has counted the texts' tokens and rows into the backlog already."""
+        (time.monotonic()) or cancelled with the caller; `lane`: the queue they wait in (service/batch_queue.py).
+        Admission (`backlog.check`) is the caller's; `counted`: the caller has counted the texts' tokens and rows
+        into the backlog already."""
         if not counted:
-            self.backlog.add(sum(len(ids) for ids in encoded.ids), len(encoded))
+            self.backlog.add(sum(len(ids) for ids in encoded.ids), len(encoded), lane=lane)
         future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
         outputs: Outputs = (
             [None] * len(encoded) if self.per_token else np.empty((len(encoded), self.width), dtype=np.float32))
-        caller = _Caller(future, outputs, deadline, self._dropped)
+        caller = Caller(future, outputs, deadline, lane, self._dropped)
         caller.trace = tracing.queued(self.name, len(encoded), future)
         now = time.perf_counter()
         types = encoded.type_ids
-        caller.rows = [_Row(caller, i, ids, types[i] if types is not None else None, now, next(self._seq))
+        caller.rows = [Row(caller, i, ids, types[i] if types is not None else None, now, next(self._seq))
                        for i, ids in enumerate(encoded.ids)]
-        self._queue.extend(caller.rows)
-        if self.policy.layout == "padded":
-            for row in caller.rows:
-                self._by_width.append(row)
-        self._queued += len(caller.rows)
+        self._lanes[lane].append(caller.rows, self.policy.layout == "padded")
         self._metrics.queued(len(caller.rows))
         self._dispatch()
         return await future
 
-    def _dropped(self, rows: list[_Row]) -> None:
+    def _dropped(self, rows: list[Row]) -> None:
         """Queued rows whose caller is gone: out of the count and the backlog (skipped when reached)."""
-        self._queued -= len(rows)
+        lane = rows[0].lane
+        self._lanes[lane].queued -= len(rows)
         self._metrics.queued(-len(rows))
-        self.backlog.done(sum(row.length for row in rows), len(rows))
+        self.backlog.done(sum(row.length for row in rows), len(rows), queued_in=lane)
 
     def _dispatch(self) -> bool:
         """Send batches while the in-flight limit allows and rows are queued; whether any left."""
         sent = False
-        while self._in_flight < self.policy.max_in_flight and self._queued:
+        while self._in_flight < self.policy.max_in_flight and self.queued:
             members, rows = self._next_batch()
             if not members:
                 return sent
@@ -246,7 +139,7 @@ class BatchScheduler:
             self._in_flight += 1
             tokens = sum(row.length for row in members)
             callers = {id(row.caller): row.caller for row in members}.values()
-            batch = _Batch(len(callers))
+            batch = Batch(len(callers))
             for caller in callers:
                 caller.batches.append(batch)
             task = asyncio.get_running_loop().create_task(self._run(members, rows, tokens, batch))
@@ -256,78 +149,96 @@ class BatchScheduler:
             task.add_done_callback(functools.partial(self._batch_done, batch=members, tokens=tokens, handle=batch))
         return sent
 
-    def _next_batch(self) -> tuple[list[_Row], int]:
-        """Take the next batch out of the queue, and the row count it runs with (padded: a declared one,
-        dummy rows fill the rest; packed: its own)."""
+    def _next_batch(self) -> tuple[list[Row], int]:
+        """Take the next batch out of the queues, and the row count it runs with (padded: a declared one, dummy
+        rows fill the rest; packed: its own). The interactive lane leads, and the batch lane fills the room it
+        leaves; a batch-lane row whose deadline is near leads instead."""
+        now = time.monotonic()
+        latest = now + self.backlog.call_latency_s
+        interactive, bulk = self._lanes["interactive"], self._lanes["batch"]
+        due = now + max(DUE_CALLS * self.backlog.call_latency_s, DUE_S)
+        head = self._head(bulk, latest)
+        lanes = (bulk, interactive) if head is not None and head.caller.deadline <= due else (interactive, bulk)
         if self.policy.layout == "packed":
-            batch = self._take_in_arrival_order()
+            batch: list[Row] = []
+            for lane in lanes:
+                self._take_in_arrival_order(lane, batch, latest)
             rows = len(batch)
         else:
-            batch, rows = self._take_planned()
+            batch, rows = self._take_planned(lanes, latest)
         for row in batch:
-            row.state = _BATCHED
-        self._queued -= len(batch)
+            row.state = BATCHED
+            self._lanes[row.lane].queued -= 1
         self._metrics.queued(-len(batch))
+        if batch:
+            self.backlog.started([row.length for row in batch if row.lane == "batch"])
         return batch, rows
 
+    def _head(self, lane: LaneQueue, latest: float) -> Row | None:
+        """The oldest live row of `lane` (rows of callers gone or too late are dropped on the way)."""
+        queue = lane.arrivals
+        while queue and self._late(queue[0], latest):
+            queue.popleft()
+        return queue[0] if queue else None
+
     @staticmethod
-    def _late(row: _Row, latest: float) -> bool:
+    def _late(row: Row, latest: float) -> bool:
         """Whether `row`'s caller is gone, or is answered 504 now because a batch could not serve it in time.
         Its queued rows are counted out by the caller's done-callback (which runs soon, not at once)."""
         future = row.caller.future
-        if row.state != _QUEUED or future.done():
+        if row.state != QUEUED or future.done():
             return True
         if row.caller.deadline < latest:
             future.set_exception(GatewayError(ErrorType.TIMEOUT, "the request would not be answered before its deadline"))
             return True
         return False
 
-    def _take_in_arrival_order(self) -> list[_Row]:
-        p, queue = self.policy, self._queue
-        latest = time.monotonic() + self.backlog.call_latency_s
-        batch: list[_Row] = []
-        tokens = 0
+    def _take_in_arrival_order(self, lane: LaneQueue, batch: list[Row], latest: float) -> None:
+        """Packed layout: rows of `lane` in arrival order into `batch`, within the token budget and row limit."""
+        p, queue = self.policy, lane.arrivals
+        tokens = sum(row.length for row in batch)
         while queue and len(batch) < p.max_rows:
             row = queue[0]
             if self._late(row, latest):
                 queue.popleft()
                 continue
             if batch and tokens + row.length > p.max_tokens:
-                break
+                return
             queue.popleft()
             batch.append(row)
             tokens += row.length
-        return batch
 
-    def _take_planned(self) -> tuple[list[_Row], int]:
-        """Padded layout: the batch around the oldest live row, and the row count it runs with."""
-        latest = time.monotonic() + self.backlog.call_latency_s
-        queue = self._queue
-        while queue and self._late(queue[0], latest):
-            queue.popleft()
-        if not queue:
-            self._by_width.clear()  # what is left there was given up on
+    def _take_planned(self, lanes: tuple[LaneQueue, LaneQueue], latest: float) -> tuple[list[Row], int]:
+        """Padded layout: the batch around the oldest live row of the leading lane, grown with its rows and then
+        the other lane's, and the row count it runs with."""
+        lead = next((row for row in (self._head(lane, latest) for lane in lanes) if row is not None), None)
+        if lead is None:
+            for lane in lanes:
+                lane.by_width.clear()  # what is left there was given up on
             return [], 0
-        p, by_width = self.policy, self._by_width
-        start = bisect.bisect_left(by_width.widths, by_width.width(queue[0]))
-        batch: list[_Row] = []
+        batch: list[Row] = []
         width = alone = 0
-        for widths in (by_width.widths[start:], reversed(by_width.widths[:start])):  # its width and wider, narrower
-            for w in widths:
+        start = lanes[0].by_width.width(lead)
+        room = True
+        for lane in lanes:
+            by_width = lane.by_width
+            for w in by_width.around(start):  # the lead's width and wider ones, then narrower ones
                 width, alone, room = self._fill(batch, by_width.rows[w], w, width, alone, latest)
                 if not room:
                     break
-        by_width.prune()
-        take, rows = p.shapes.fit_rows(len(batch))
+            by_width.prune()
+            if not room:
+                break
+        take, rows = self.policy.shapes.fit_rows(len(batch))
         if take < len(batch):
             # A declared row count: the rows added first go (the oldest live row leads, and each prefix of the
             # batch passed the limits as it grew); the others wait where they were.
             for row in reversed(batch[take:]):
-                by_width.put_back(row)
+                self._lanes[row.lane].by_width.put_back(row)
             del batch[take:]
         return batch, rows
 
-    def _fill(self, batch: list[_Row], queue: deque[_Row], w: int, width: int, alone: int,
+    def _fill(self, batch: list[Row], queue: deque[Row], w: int, width: int, alone: int,
               latest: float) -> tuple[int, int, bool]:
         """Move rows of width `w` (oldest first) into `batch` (padded to `width` so far) while it stays within
         contract/batching.py's limits: (its width now, the tokens its rows take alone, whether all fitted)."""
@@ -344,7 +255,7 @@ class BatchScheduler:
             width, alone = max(width, w), alone + w
         return width, alone, True
 
-    async def _run(self, batch: list[_Row], rows: int, tokens: int, handle: _Batch) -> None:
+    async def _run(self, batch: list[Row], rows: int, tokens: int, handle: Batch) -> None:
         start = time.perf_counter()
         mark = self.backlog.call_started()
         results: list[np.ndarray] | None = None
@@ -357,6 +268,10 @@ class BatchScheduler:
                 tensors = padded_tensors(ids, types, rows, p.shapes, p.pad_id)
                 computed, width = tensors[INPUT_IDS].size, tensors[INPUT_IDS].shape[1]
             self._metrics.observe(rows=rows, computed=computed, real=tokens, waited=start - batch[0].since)
+            for lane in LANES:  # each lane's oldest row in this batch
+                oldest = next((row for row in batch if row.lane == lane), None)
+                if oldest is not None:
+                    self._metrics.lane_waited(lane, start - oldest.since)
             with tracing.batch(self.name, (row.caller.trace for row in batch), rows=len(batch), tokens=tokens,
                                padded_rows=rows, width=width, computed_tokens=computed):
                 outputs = await self._run_batch(tensors, rows, max(row.caller.deadline for row in batch))
@@ -383,11 +298,11 @@ class BatchScheduler:
                 sent = self._release(handle)
             finally:
                 if sent:
-                    asyncio.get_running_loop().call_soon(_deliver, batch, results)
+                    asyncio.get_running_loop().call_soon(deliver, batch, results)
                 else:
-                    _deliver(batch, results)
+                    deliver(batch, results)
 
-    def _release(self, handle: _Batch) -> bool:
+    def _release(self, handle: Batch) -> bool:
         """Free the in-flight slot of a batch whose call has ended, and send the next batch; whether one left."""
         if handle.released:
             return False
@@ -395,7 +310,7 @@ class BatchScheduler:
         self._in_flight -= 1
         return self._dispatch()
 
-    def _batch_done(self, task: asyncio.Task[None], batch: list[_Row], tokens: int, handle: _Batch) -> None:
+    def _batch_done(self, task: asyncio.Task[None], batch: list[Row], tokens: int, handle: Batch) -> None:
         self._tasks.discard(task)
         if not handle.served:  # failed or cancelled
             self.backlog.done(tokens, len(batch))
@@ -406,10 +321,10 @@ class BatchScheduler:
     async def close(self) -> None:
         """Fail what is queued and wait for running batches."""
         self.backlog.shedding = False  # a scheduler that is gone refuses nothing
-        for row in list(self._queue):
-            if row.state == _QUEUED and not row.caller.future.done():
-                row.caller.future.set_exception(unavailable("gateway is shutting down", type=ErrorType.SHUTTING_DOWN))
-        self._queue.clear()
-        self._by_width.clear()
+        for lane in self._lanes.values():
+            for row in list(lane.arrivals):
+                if row.state == QUEUED and not row.caller.future.done():
+                    row.caller.future.set_exception(unavailable("gateway is shutting down", type=ErrorType.SHUTTING_DOWN))
+            lane.clear()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 from contract import Task, TruncationDirection
 from gateway.errors import ErrorType, GatewayError
+from gateway.service.admission import INTERACTIVE, Urgency
 from gateway.service.registry import ServedModel
 from gateway.service.runtime import Runtime
 
@@ -95,11 +96,19 @@ class Service:
         raise GatewayError(ErrorType.MODEL_REQUIRED, f"several models with {what} are served "
                            f"({sorted(m.name for m in candidates)}): name one in `model`")
 
-    async def within_deadline(self, work: Callable[[float], Awaitable[T]]) -> T:
-        """`work(deadline)` (time.monotonic()) done within GATEWAY_REQUEST_TIMEOUT_S, or 504."""
-        timeout = self.timeout_s
+    def urgency(self, call: Call) -> Urgency:
+        """How the request may wait (its lane, whether its deadline is its own), as the HTTP edge read it."""
+        return getattr(call, "urgency", INTERACTIVE)
+
+    async def within_deadline(self, call: Call, work: Callable[[float], Awaitable[T]]) -> T:
+        """`work(deadline)` (time.monotonic()) done by the request's deadline (X-Request-Timeout, else
+        GATEWAY_REQUEST_TIMEOUT_S from its arrival), or 504. Work whose deadline has passed is never started."""
+        deadline = getattr(call, "deadline", None)
+        if deadline is None:  # a call from elsewhere than the HTTP edge
+            deadline = time.monotonic() + self.timeout_s
         try:
-            async with asyncio.timeout(timeout):
-                return await work(time.monotonic() + timeout)
+            async with asyncio.timeout(deadline - time.monotonic()):
+                return await work(deadline)
         except TimeoutError:
-            raise GatewayError(ErrorType.TIMEOUT, f"request took longer than {timeout}s") from None
+            raise GatewayError(ErrorType.TIMEOUT, "the request's deadline passed (X-Request-Timeout, or "
+                               f"{self.timeout_s:g}s without one)") from None

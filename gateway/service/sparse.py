@@ -101,7 +101,8 @@ class SparseService(Service):
         """One sparse vector per text; `model` None: the only served model with a sparse output."""
         self.check_texts(call, texts)
         served = await self.model_with(call, model, lambda m: sparse_kind(m) is not None, "a sparse output")
-        inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction)
-        vectors, tokens = await self.within_deadline(lambda deadline: embed_sparse(
+        inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction,
+                        urgency=self.urgency(call))
+        vectors, tokens = await self.within_deadline(call, lambda deadline: embed_sparse(
             self.inference, served, inputs, truncate=truncate, backend=backend, deadline=deadline))
         return SparseEmbeddings(served.name, vectors, tokens)

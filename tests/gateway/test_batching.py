@@ -387,3 +387,56 @@ async def test_a_packed_callers_rows_leave_the_backlog_the_moment_it_gives_up() 
     assert (await running)[:, 1].tolist() == [4] and (await stays)[:, 1].tolist() == [6]
     assert [np.diff(c[CU_SEQLENS][0]).tolist() for c in step.calls] == [[4], [6]]  # the leaver's rows never ran
     assert scheduler.backlog.pending == 0
+
+
+# --- lanes: interactive first, batch work in the room left and never past its deadline ---------------------------
+@pytest.mark.anyio
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+async def test_interactive_rows_go_first_and_batch_rows_fill_the_room(layout: str) -> None:
+    step, scheduler = held_scheduler(max_rows=4, layout=layout)
+    running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))  # holds the one batch in flight
+    await until(lambda: len(step.batches) == 1)
+    bulk = asyncio.ensure_future(scheduler.submit(encoded(*[20] * 6), later(), lane="batch"))
+    quick = asyncio.ensure_future(scheduler.submit(encoded(30, 31), later()))
+    await until(lambda: scheduler.queued == 8)
+    step.gate.set()
+    await asyncio.gather(running, bulk, quick)
+    firsts = [sorted(int(n) for n in (b[0, :] if layout == "packed" else b[:, 0])) for b in step.batches[1:]]
+    # the interactive rows (first ids 1, lengths 30 and 31) lead the second batch; bulk rows fill its room
+    lengths = [sorted(int(x) for x in (np.diff(c[CU_SEQLENS][0]) if layout == "packed" else c[ATTENTION_MASK].sum(1)))
+               for c in step.calls[1:]]
+    assert lengths[0] == [20, 20, 30, 31] and sorted(sum(lengths[1:], [])) == [20] * 4, (lengths, firsts)
+
+
+@pytest.mark.anyio
+async def test_a_batch_row_near_its_deadline_leads_over_interactive_rows() -> None:
+    step, scheduler = held_scheduler(max_rows=2, layout="packed")
+    running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))
+    await until(lambda: len(step.batches) == 1)
+    soon = asyncio.ensure_future(scheduler.submit(encoded(20), time.monotonic() + 5.0, lane="batch"))
+    relaxed = asyncio.ensure_future(scheduler.submit(encoded(21), later(), lane="batch"))
+    quick = asyncio.ensure_future(scheduler.submit(encoded(30, 31, 32, 33), later()))
+    await until(lambda: scheduler.queued == 6)
+    scheduler.backlog.call_latency_s = 2.0  # as measured: a call takes 2 s, so the first bulk row is due within 4
+    step.gate.set()
+    await asyncio.gather(running, soon, relaxed, quick)
+    lengths = [sorted(int(x) for x in np.diff(c[CU_SEQLENS][0])) for c in step.calls[1:]]
+    assert lengths[0] == [20, 21]  # the bulk lane leads (its first row is due), its other row fills the room
+    assert sorted(sum(lengths[1:], [])) == [30, 31, 32, 33]
+
+
+@pytest.mark.anyio
+async def test_the_backlog_counts_queued_batch_work_out_of_an_interactive_requests_wait() -> None:
+    step, scheduler = held_scheduler(max_rows=4, layout="packed")
+    backlog = scheduler.backlog
+    for _ in range(MIN_CALLS):
+        backlog.service.observe(100, 0.1)  # as if measured: 1 ms a token
+    running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))
+    await until(lambda: len(step.batches) == 1)
+    bulk = asyncio.ensure_future(scheduler.submit(encoded(*[100] * 8), later(), lane="batch"))
+    await until(lambda: scheduler.queued == 8)
+    assert backlog.wait_s("interactive") < backlog.wait_s("batch")  # 800 queued bulk tokens it overtakes
+    assert backlog.queued_batch == 800
+    step.gate.set()
+    await asyncio.gather(running, bulk)
+    assert backlog.pending == backlog.queued_batch == backlog.queued_batch_rows == 0

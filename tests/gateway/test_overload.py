@@ -183,6 +183,89 @@ async def test_the_cost_of_a_call_is_learned_within_a_few_batched_calls(
         assert measured / 3 <= predicted <= measured * 3, (predicted, measured, per_call, per_token)
 
 
+# --- client deadlines (X-Request-Timeout) and lanes (X-Priority) --------------------------------------------------
+PATIENT = {"X-Request-Timeout": "120"}
+
+
+@pytest.mark.anyio
+async def test_a_request_with_its_own_long_deadline_waits_where_the_default_is_refused(
+    storm_triton: TritonServer, storm_repository: Path
+) -> None:
+    texts = fixed_length_corpus(24, size=2048)
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address,
+                               repository=str(storm_repository), max_queue_wait_s=0.3,
+                               max_batches_in_flight=1) as (app, client):
+        # 64 batches of 32: the first MIN_CALLS of them teach the cost, the rest are the work ahead
+        load = asyncio.create_task(client.post("/embed", json=embed_body(texts), headers=PATIENT))
+        backlog = app.state.runtime.inference.backlog_of(app.state.runtime.registry.resolve(MODEL, "embed"))
+        await until(lambda: backlog.service.known or load.done(), "the cost learned")
+        refused = patient = None
+        while refused is None and not load.done():  # until the work ahead is over the server's bound
+            answer = await client.post("/embed", json=embed_body(texts[:1]))
+            if answer.status_code == 503:
+                refused = answer
+                # the same request, saying it will wait: admitted behind the same work
+                patient = await client.post("/embed", json=embed_body(texts[:1]), headers=PATIENT)
+        assert refused is not None and patient is not None, "the work ahead never refused a request"
+        assert refused.json()["error"]["type"] == "overloaded" and "X-Request-Timeout" in refused.json()["error"]["message"]
+        assert patient.status_code == 200, patient.text
+        assert (await load).status_code == 200
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pipeline", ["scheduler", "ensemble"])
+async def test_a_request_whose_deadline_has_passed_is_never_sent_to_triton(
+    storm_triton: TritonServer, storm_repository: Path, pipeline: str
+) -> None:
+    step = f"{MODEL}_onnx" if pipeline == "scheduler" else f"{MODEL}_onnx_ensemble"
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address,
+                               repository=str(storm_repository), pipeline=pipeline) as (_, client):
+        assert (await client.post("/embed", json=embed_body(["warm"]))).status_code == 200
+        before = executions(storm_triton, step)
+        late = await client.post("/embed", json=embed_body(["too late"]), headers={"X-Request-Timeout": "0.000001"})
+        assert (await client.post("/embed", json=embed_body(["after"]))).status_code == 200
+        after = executions(storm_triton, step)  # counted once an execution has finished: `after` is in
+    assert late.status_code == 504 and late.json()["error"]["type"] == "timeout", late.text
+    assert after == before + 1  # `after`'s own execution only
+
+
+@pytest.mark.anyio
+async def test_interactive_work_overtakes_queued_batch_work(
+    storm_triton: TritonServer, storm_repository: Path
+) -> None:
+    texts = fixed_length_corpus(24, size=1) * 256  # one width: a batch takes the rows of the oldest one's width first
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address,
+                               repository=str(storm_repository), max_batches_in_flight=1,
+                               max_batch_requests=8) as (app, client):
+        assert (await client.post("/embed", json=embed_body(texts[:1]))).status_code == 200  # the step, warm
+        scheduler = app.state.runtime.inference.scheduled.pipelines[f"{MODEL}_onnx"].scheduler
+        before = (await client.get("/metrics")).text
+        bulk = asyncio.create_task(client.post("/embed", json=embed_body(texts),
+                                               headers={"X-Priority": "batch", **PATIENT}))
+        await until(lambda: scheduler.queued >= 8 or bulk.done(), "the bulk request queued behind a running batch")
+        quick = await client.post("/embed", json=embed_body(texts[:1]))  # 32 batches of the bulk ahead of it
+        overtaken = scheduler.queued  # bulk rows still queued when the quick one was answered (FIFO: none)
+        assert quick.status_code == 200 and (await bulk).status_code == 200
+        after = (await client.get("/metrics")).text
+    assert overtaken, "the interactive request waited for the whole bulk request"
+    for lane in ("interactive", "batch"):  # /metrics says how long each lane waited
+        assert delta(before, after, "gateway_lane_wait_seconds_count", model=MODEL, lane=lane) > 0
+
+
+@pytest.mark.anyio
+async def test_bad_deadline_and_priority_headers_are_400s(storm_triton: TritonServer, storm_repository: Path) -> None:
+    async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address,
+                               repository=str(storm_repository)) as (_, client):
+        answers = [await client.post("/embed", json=embed_body(["x"]), headers=headers)
+                   for headers in ({"X-Request-Timeout": "soon"}, {"X-Request-Timeout": "-1"},
+                                   {"X-Request-Timeout": "nan"}, {"X-Priority": "urgent"})]
+        ok = await client.post("/embed", json=embed_body(["x"]), headers={"X-Priority": "Batch",
+                                                                          "X-Request-Timeout": "1e9"})
+    assert [(a.status_code, a.json()["error"]["type"]) for a in answers] == [(400, "invalid_request")] * 4
+    assert "X-Priority: must be one of interactive, batch" in answers[3].json()["error"]["message"]
+    assert ok.status_code == 200  # a deadline over GATEWAY_MAX_REQUEST_TIMEOUT_S is cut to it
+
+
 def executions(triton: TritonServer, model: str) -> int:
     """Triton's count of `model`'s successful inferences (counted once an execution has finished)."""
     stats = grpcclient.InferenceServerClient(triton.grpc_url).get_inference_statistics(model, as_json=True)

@@ -14,9 +14,9 @@ import numpy as np
 
 from contract import TruncationDirection
 from gateway.errors import ErrorType, GatewayError, invalid
-from gateway.service.admission import Backlog
+from gateway.service.admission import INTERACTIVE, Backlog, Urgency
 from gateway.service.registry import Endpoint, ServedModel
-from gateway.service.scheduler import Outputs
+from gateway.service.batch_queue import Outputs
 from gateway.service.tokenization import TokenizerQueue
 from gateway.settings import GatewaySettings
 
@@ -25,12 +25,14 @@ log = logging.getLogger("gateway.inference")
 
 @dataclass(frozen=True)
 class Inputs:
-    """What one request infers: texts, or text pairs, or texts given as token ids (no special tokens)."""
+    """What one request infers: texts, or text pairs, or texts given as token ids (no special tokens), and how it
+    may wait."""
 
     texts: list[str]
     pairs: list[str] | None = None  # second texts of pairs, one per text
     direction: TruncationDirection = "right"  # which end of an over-long input is cut off
     token_ids: list[list[int]] | None = None  # instead of texts: the model's own token ids
+    urgency: Urgency = INTERACTIVE
 
     def __len__(self) -> int:
         return len(self.token_ids) if self.token_ids is not None else len(self.texts)

@@ -92,7 +92,8 @@ class ScheduledPipeline:
         backlog = pipeline.scheduler.backlog
         chars = _characters(inputs)
         guess = backlog.guess_units(chars)
-        backlog.admit(guess, deadline, rows=len(inputs))  # before tokenizing: a refusal costs next to nothing
+        urgency, lane = inputs.urgency, inputs.urgency.lane
+        backlog.admit(guess, deadline, rows=len(inputs), urgency=urgency)  # before tokenizing: a refusal costs little
         try:
             start = time.perf_counter()
             with tracing.span("tokenize"):
@@ -103,12 +104,12 @@ class ScheduledPipeline:
             pipeline.metrics.tokenize.observe(time.perf_counter() - start)
             tokens = check_lengths(model, encoded.num_tokens, truncate)
         except BaseException:
-            backlog.done(guess, len(inputs))
+            backlog.done(guess, len(inputs), queued_in=lane)
             raise
         actual = sum(len(ids) for ids in encoded.ids)
         backlog.learn_units_per_char(chars, actual)
-        backlog.add(actual - guess)  # the guess, corrected
-        outputs = await pipeline.scheduler.submit(encoded, deadline, counted=True)
+        backlog.add(actual - guess, lane=lane)  # the guess, corrected
+        outputs = await pipeline.scheduler.submit(encoded, deadline, counted=True, lane=lane)
         return BatchResult(outputs, encoded.num_tokens, tokens, encoded.ids)
 
     # --- keeping pipelines and shm pools in step with the served models --------------------------
