@@ -405,3 +405,27 @@ def test_openapi_documents_the_new_bodies_with_examples() -> None:
         for field, value in schemas[name]["properties"].items():
             nested = "$ref" in value or "allOf" in value or field in ("model_type", "response_type")
             assert nested or "examples" in value, (name, field)
+
+
+# --- a request's deadline and lane, as each client sets a header -------------------------------------------------
+URGENT_BUT_WRONG = {"X-Priority": "urgent"}  # not a lane: the gateway's 400 shows the header reached it
+
+
+def test_each_client_can_send_the_deadline_and_priority_headers(url: str) -> None:
+    """How docs/api.md says to set X-Request-Timeout and X-Priority from each client, shown working: a request with
+    good values is served, one with a value no lane has is refused with the gateway's 400."""
+    good = {"X-Request-Timeout": "30", "X-Priority": "batch"}
+    oai = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    assert oai.embeddings.create(model="st", input=["hi"], extra_headers=good).data
+    with pytest.raises(openai.BadRequestError, match="X-Priority"):
+        oai.embeddings.create(model="st", input=["hi"], extra_headers=URGENT_BUT_WRONG)
+    co = cohere.ClientV2(api_key=KEY, base_url=url)
+    assert co.embed(model="st", texts=["hi"], input_type="search_query", embedding_types=["float"],
+                    request_options={"additional_headers": good}).embeddings.float_
+    with pytest.raises(cohere.errors.BadRequestError):
+        co.embed(model="st", texts=["hi"], input_type="search_query", embedding_types=["float"],
+                 request_options={"additional_headers": URGENT_BUT_WRONG})
+    assert InferenceClient(base_url=f"{url}/tei/st", api_key=KEY, headers=good).feature_extraction("hi").size
+    with pytest.raises(HfHubHTTPError) as refused:
+        InferenceClient(base_url=f"{url}/tei/st", api_key=KEY, headers=URGENT_BUT_WRONG).feature_extraction("hi")
+    assert refused.value.response.status_code == 422  # TEI's shape: the gateway's 400 invalid_request is TEI's 422
