@@ -43,6 +43,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                              "PyTorch fp32, and what each hop of a lone short text costs"),
     "storm": Benchmark("loadtest.storm", "overload storm: capacity, then far more clients, every answer checked, "
                        "recovery time"),
+    "lanes": Benchmark("loadtest.lanes", "a bulk job (X-Priority: batch) beside interactive single texts: the "
+                       "interactive p99 and the bulk goodput against each alone"),
     "ab-gateway": Benchmark("loadtest.ab_gateway", "two gateway revisions side by side on one tritonserver"),
     "transports": Benchmark("loadtest.transports", "one call at a time: the gateway against direct tritonclient, "
                             "shared memory against plain gRPC"),
