@@ -71,6 +71,7 @@ class ErrorType(StrEnum):
     BODY_TOO_LARGE = "body_too_large", ErrorKind.TOO_LARGE
     TOO_MANY_INPUTS = "too_many_inputs", ErrorKind.TOO_LARGE
     INPUT_TOO_LONG = "input_too_long", ErrorKind.TOO_LARGE
+    ANSWER_TOO_LARGE = "answer_too_large", ErrorKind.TOO_LARGE  # a small request whose answer would be huge
     HEADERS_TOO_LARGE = "headers_too_large", ErrorKind.HEADERS_TOO_LARGE
     REQUEST_TIMEOUT = "request_timeout", ErrorKind.REQUEST_TIMEOUT
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", ErrorKind.UNSUPPORTED_MEDIA

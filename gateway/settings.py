@@ -24,6 +24,11 @@ class GatewaySettings(BaseSettings):
         "(less latency and worker CPU per call than gRPC: gateway/triton/http_infer.py); `none`: every call over "
         "gRPC. While it refuses connections, calls go over gRPC.",
     )
+    triton_repository_key_file: str = Field(
+        "", description="A file holding the key Triton's model-repository API is restricted with (tritonserver "
+        "`--grpc-restricted-protocol=model-repository:triton-repository-key=KEY`): the gateway sends it with its "
+        "repository calls (discovery, admin load and unload), read anew for each; empty = no key is sent.",
+    )
     shm: Literal["system", "cuda", "none"] = Field(
         "system", description="`system`: tensors through system shared memory (/dev/shm shared with Triton); "
         "`cuda`: through CUDA IPC regions on the GPU (the gateway needs the GPU: compose.cuda-shm.yaml; start-up "
@@ -101,6 +106,17 @@ class GatewaySettings(BaseSettings):
     )
     max_input_chars: int = Field(
         100_000, ge=1, description="Longest input text in characters (413 above; truncation happens in tokens)."
+    )
+    max_token_values: int = Field(
+        2**24, ge=1, description="Most floats one answer of per-token vectors may hold (/embed_all, "
+        "/embed_multi_vector, TEI's /embed_all): the tokens of every input (after truncation) x the floats per "
+        "token; 413 `answer_too_large` before inference above. The default holds what TEI's own default limits "
+        "allow (32 inputs of 512 tokens) at 1,024 floats per token, about 180 MB of JSON.",
+    )
+    max_tokenize_tokens: int = Field(
+        2**17, ge=1, description="Most tokens one /tokenize answer may hold (each becomes an object of id, text, "
+        "special flag and offsets, about 65 bytes of JSON); 413 `answer_too_large` above. The default holds one "
+        "text of GATEWAY_MAX_INPUT_CHARS characters at about a token per character.",
     )
     max_in_flight: int = Field(512, ge=1, description="Requests in flight per worker (429 above).")
     max_connections: int = Field(

@@ -1,7 +1,8 @@
 """Admin routes: the model families in Triton's repository, and load / unload / reload of one of them.
 
 Guarded by GATEWAY_ADMIN_KEYS at the edge (api/edge.py) (off, 404, when none is set). An operation
-answers once Triton has finished it, with the family's state after it.
+answers once Triton has finished it, with the family's state after it. The request's model (a metric label) is the
+family only once the repository is known to have it: a name nobody serves adds no series.
 """
 
 from __future__ import annotations
@@ -41,26 +42,24 @@ async def list_families(request: Request) -> Response:
 @admin.get("/{name}", response_class=OrjsonResponse, responses={200: {"model": ModelFamily}})
 async def get_family(name: str, request: Request) -> Response:
     """One model family; 404 when the repository has none of its entries."""
-    return OrjsonResponse(_card(request, await _admin(request).family(name)))
+    return OrjsonResponse(_card(request, await _admin(request).family(name, request.state)))
 
 
 @admin.post("/{name}/load", response_class=OrjsonResponse, responses={200: {"model": ModelFamily}})
 async def load_family(name: str, request: Request) -> Response:
     """Load the family (tokenizer and steps with each ensemble); it is served when this answers."""
-    request.state.model = name
-    return OrjsonResponse(_card(request, await _admin(request).load(name)))
+    return OrjsonResponse(_card(request, await _admin(request).load(name, request.state)))
 
 
 @admin.post("/{name}/reload", response_class=OrjsonResponse, responses={200: {"model": ModelFamily}})
 async def reload_family(name: str, request: Request) -> Response:
     """Load the family again from the repository (after `builder build` published a new version).
     The loaded version answers until the new one is ready: no request fails or waits for it."""
-    request.state.model = name
-    return OrjsonResponse(_card(request, await _admin(request).load(name)))
+    return OrjsonResponse(_card(request, await _admin(request).load(name, request.state)))
 
 
 @admin.post("/{name}/unload", response_class=OrjsonResponse, responses={200: {"model": ModelFamily}})
 async def unload_family(name: str, request: Request) -> Response:
-    """Unload the family: it leaves /v1/models and its requests get 404. Accepted requests finish."""
-    request.state.model = name
-    return OrjsonResponse(_card(request, await _admin(request).unload(name)))
+    """Unload the family: it leaves /v1/models and its requests get 404. Accepted requests finish; answered once
+    Triton holds none of its models."""
+    return OrjsonResponse(_card(request, await _admin(request).unload(name, request.state)))

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from starlette.responses import Response
 
-from gateway.api.responses import OrjsonResponse, base64_rows
+from gateway.api.responses import OrjsonResponse, base64_rows, json_answer
 from gateway.api.route_table import runs
 from gateway.api.schemas import (
     ClassifyRequest,
@@ -143,7 +143,7 @@ async def tokenize_route(body: TokenizeRequest, request: Request) -> Response:
     result = await services(request).tokens.tokenize(
         request.state, body.model, texts_of(body.inputs), add_special_tokens=body.add_special_tokens,
         prompt_name=body.prompt_name)
-    return OrjsonResponse(result.tokens)
+    return await json_answer(result.tokens, tokens=sum(map(len, result.tokens)))
 
 
 @api.post("/decode", response_class=OrjsonResponse, responses={200: {"model": list[str]}, 501: {}})
@@ -210,12 +210,17 @@ async def readyz(
     request: Request, deep: bool = Query(False, description="Also run a one-token request through every served "
                                          "model (short deadline); `checks` reports each.", examples=[True]),
 ) -> Response:
-    """200 when Triton is ready and every served model is loaded, else 503. `?deep=1` also runs a
-    one-token request through every served model (short deadline) and reports each."""
-    ready, models, families, checks = await services(request).catalog.readiness(deep)
-    body: dict[str, Any] = {"status": "ready" if ready else "not ready", "models": models, "families": families}
-    if checks is not None:
-        body["checks"] = checks
+    """200 when Triton is ready and every served model is loaded, else 503 with the `reason`; `triton` says how
+    each path to Triton fares. `?deep=1` also runs a one-token request through every served model (short
+    deadline, its result reused for 2 s) and reports each."""
+    report = await services(request).catalog.readiness(deep)
+    ready = report.reason is None
+    body: dict[str, Any] = {"status": "ready" if ready else "not ready", "models": report.models,
+                            "families": report.families, "triton": report.triton}
+    if not ready:
+        body["reason"] = report.reason
+    if report.checks is not None:
+        body["checks"] = report.checks
     return OrjsonResponse(body, status_code=200 if ready else 503)
 
 

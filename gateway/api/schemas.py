@@ -346,6 +346,15 @@ class Readiness(BaseModel):
         default_factory=dict, description="Every model family in Triton's repository and its state: `ready` "
         "(served), `loading`, `unloading`, `unloaded`, `failed` (a load failed), `invalid` (not served: it "
         "does not follow the repository contract).", examples=[{"m3e": "ready", "kcbert": "unloaded"}])
+    triton: dict[str, str] = Field(
+        default_factory=dict, description="How the gateway reaches Triton, each `ok`, `off` or what is wrong: "
+        "`grpc` (GATEWAY_TRITON_URL: health, the repository, inference whose tensors are not all in shared memory), "
+        "`repository` (its index, with GATEWAY_TRITON_REPOSITORY_KEY_FILE's key), `http` (GATEWAY_TRITON_HTTP_URL: "
+        "inference whose tensors are all in shared memory), `shm` (the regions). A wrong HTTP endpoint or regions "
+        "Triton cannot open leave the gateway ready: those calls go over gRPC.",
+        examples=[{"grpc": "ok", "repository": "ok", "http": "ok", "shm": "ok"}])
+    reason: str | None = Field(None, description="Why the gateway is not ready (only then).",
+                               examples=["Triton does not answer on GATEWAY_TRITON_URL"])
     checks: dict[str, str] | None = Field(
         None, description="`?deep=1`: per model, `ok` or why a one-token request through it failed.",
         examples=[{"reranker": "ok"}])

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from contract import TOKEN_EMBEDDINGS, Task
-from gateway.api.responses import OrjsonResponse
+from gateway.api.responses import OrjsonResponse, json_answer
 from gateway.api.route_table import runs
 from gateway.api.routes import count_tokens, openai_embeddings, services, texts_of
 from gateway.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
@@ -162,7 +162,7 @@ async def tei_embed_all_route(model: ModelName, body: TeiEmbedAllRequest, reques
         request.state, TOKEN_EMBEDDINGS, served.name, texts, prompt_name=body.prompt_name,
         truncate=body.truncate is not False, direction=direction(body.truncation_direction))
     count_tokens(request, served.name, result.tokens)
-    return OrjsonResponse(result.vectors)
+    return await json_answer(result.vectors, floats=sum(v.size for v in result.vectors))
 
 
 async def _similarity(request: Request, tasks: Services, model: ServedModel, body: TeiSimilarityRequest) -> Response:
@@ -321,7 +321,7 @@ async def tei_tokenize_route(model: ModelName, body: TeiTokenizeRequest, request
     tasks, served = await _served(request, model)
     result = await tasks.tokens.tokenize(request.state, served, texts, add_special_tokens=body.add_special_tokens,
                                          prompt_name=body.prompt_name)
-    return OrjsonResponse(result.tokens)
+    return await json_answer(result.tokens, tokens=sum(map(len, result.tokens)))
 
 
 @tei.post("/decode", response_class=OrjsonResponse, responses={200: {"model": TeiDecodeResponse}})
@@ -386,7 +386,8 @@ async def tei_info_route(model: ModelName, request: Request) -> Response:
 @tei.get("/health", response_class=Response, responses={200: {"description": "The model answers (empty body)."}})
 async def tei_health_route(model: ModelName, request: Request) -> Response:
     """TEI `/health` (public, like TEI's): 200 with an empty body when a one-token request through the model
-    succeeds within GATEWAY_READY_PROBE_TIMEOUT_S, else 503 `Unhealthy`."""
-    tasks, served = await _served(request, model)
-    await tasks.catalog.check_health(served)
+    succeeds within GATEWAY_READY_PROBE_TIMEOUT_S (its result reused for 2 s), else 503 `Unhealthy`, also for a
+    model of the repository that is not loaded now."""
+    catalog = services(request).catalog
+    await catalog.check_health(await catalog.health_model(request.state, model))
     return Response(status_code=200)

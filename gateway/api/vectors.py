@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS
-from gateway.api.responses import OrjsonResponse
+from gateway.api.responses import OrjsonResponse, json_answer
 from gateway.api.routes import _ERRORS, count_tokens, services, texts_of
 from gateway.api.schemas import EmbedAllRequest, EmbedSparseRequest, SparseValue
 from gateway.service.sparse import SparseVector
@@ -38,7 +38,7 @@ async def _per_token(request: Request, body: EmbedAllRequest, output: str) -> Re
         request.state, output, body.model, texts_of(body.inputs), prompt_name=body.prompt_name,
         truncate=body.truncate, direction=body.truncation_direction, backend=body.backend)
     count_tokens(request, result.model, result.tokens)
-    return OrjsonResponse(result.vectors)
+    return await json_answer(result.vectors, floats=sum(v.size for v in result.vectors))
 
 
 @vectors.post("/embed_all", response_class=OrjsonResponse, responses={200: {"model": list[list[list[float]]]}})

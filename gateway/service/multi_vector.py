@@ -2,7 +2,10 @@
 encoding, special tokens included, not normalized: TEI's shape, what late chunking builds on) and
 `/embed_multi_vector` (ColBERT vectors of models built with bge-m3's `colbert_linear.pt`:
 normalize(colbert_linear(hidden)) per token, without the first (CLS) token, as
-`BGEM3FlagModel.encode(return_colbert_vecs=True)` gives them)."""
+`BGEM3FlagModel.encode(return_colbert_vecs=True)` gives them).
+
+A request of a few short texts would make an answer of tokens x floats per token: GATEWAY_MAX_TOKEN_VALUES bounds
+what one answer may hold, checked before inference (413 `answer_too_large`)."""
 
 from __future__ import annotations
 
@@ -63,6 +66,25 @@ class MultiVectorService(Service):
                                f"{spec.route} serves {spec.served}")
         inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction,
                         urgency=self.urgency(call))
+        await self._check_answer_size(served, output, inputs)
         result = await self.within_deadline(call, lambda deadline: self.inference.run(
             served, inputs, truncate=truncate, backend=backend, deadline=deadline, output=output))
         return TokenVectors(served.name, [vectors[spec.first:] for vectors in result.per_text], result.tokens)
+
+    async def _check_answer_size(self, model: ServedModel, output: str, inputs: Inputs) -> None:
+        """413 `answer_too_large` when the answer would hold more than GATEWAY_MAX_TOKEN_VALUES floats: every
+        input's tokens after truncation (less the leading ones left out) x the output's floats per token. Bounded
+        by max_seq_len tokens per input first; the texts are tokenized to count only when that bound is over."""
+        width, first = model.endpoint(None).token_width(output) or 1, _OUTPUTS[output].first
+        limit = self.max_token_values
+        per_input = max(model.max_seq_len - first, 0)
+        tokenizer = self.inference.tokenizer_for(model)
+        if len(inputs) * per_input * width <= limit or tokenizer is None:  # None: the pipeline answers 501
+            return
+        counts = (await tokenizer.encode(inputs.texts, None, inputs.direction)).num_tokens
+        tokens = int((np.minimum(counts, model.max_seq_len) - first).clip(min=0).sum())
+        if tokens * width > limit:
+            raise GatewayError(ErrorType.ANSWER_TOO_LARGE, f"the answer would hold {tokens * width:,} floats ({tokens:,} "
+                               f"tokens x {width} per token), over the {limit:,} one request may ask for "
+                               f"(GATEWAY_MAX_TOKEN_VALUES): send at most {limit // width:,} tokens per request, "
+                               f"e.g. {max(1, limit // (width * max(per_input, 1)))} texts of {model.max_seq_len} tokens")

@@ -1,5 +1,5 @@
-"""What every task's service shares: the request limits (GATEWAY_MAX_INPUTS, GATEWAY_MAX_INPUT_CHARS), the
-request deadline (GATEWAY_REQUEST_TIMEOUT_S), the model a request names, and the note of what a request is.
+"""What every task's service shares: the request limits (GATEWAY_MAX_INPUTS, GATEWAY_MAX_INPUT_CHARS, and the
+bounds on what one answer may hold: GATEWAY_MAX_TOKEN_VALUES, GATEWAY_MAX_TOKENIZE_TOKENS), the request deadline (GATEWAY_REQUEST_TIMEOUT_S), the model a request names, and the note of what a request is.
 
 A service method takes a request's validated values (never an HTTP object), checks them in one order
 (limits, then the model, then what the model allows) and returns plain results; the HTTP layer parses,
@@ -42,6 +42,8 @@ class Service:
         settings = runtime.settings
         self.max_inputs = settings.max_inputs
         self.max_input_chars = settings.max_input_chars
+        self.max_token_values = settings.max_token_values  # floats per answer of per-token vectors
+        self.max_tokenize_tokens = settings.max_tokenize_tokens  # tokens per /tokenize answer
         self.timeout_s = settings.request_timeout_s
 
     def check_count(self, call: Call, count: int) -> None:

@@ -1,4 +1,7 @@
-"""/tokenize and /decode, and the checks of token-id input: the model's own tokenizer, run by the gateway."""
+"""/tokenize and /decode, and the checks of token-id input: the model's own tokenizer, run by the gateway.
+
+A /tokenize answer is some 30 times its input (an object per token): GATEWAY_MAX_TOKENIZE_TOKENS bounds the tokens
+one answer may hold (413 `answer_too_large`), counted before the answer is built."""
 
 from __future__ import annotations
 
@@ -33,15 +36,23 @@ def check_token_ids(encoder: TextEncoder, rows: list[list[int]]) -> None:
                           type=ErrorType.INVALID_TOKEN_ID)
 
 
-async def tokenize(tokenizer: TokenizerQueue, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+async def tokenize(tokenizer: TokenizerQueue, texts: list[str], add_special_tokens: bool,
+                   max_tokens: int) -> list[list[dict[str, Any]]]:
     """Every token of every text, untruncated: id, text, special flag and character offsets in the input
-    (on the model's tokenizer pool: off the event loop unless small)."""
-    return await tokenizer.call(lambda: _tokens(tokenizer.encoder, texts, add_special_tokens), sum(map(len, texts)))
+    (on the model's tokenizer pool: off the event loop unless small); 413 for more than `max_tokens` in all."""
+    return await tokenizer.call(lambda: _tokens(tokenizer.encoder, texts, add_special_tokens, max_tokens),
+                                sum(map(len, texts)))
 
 
-def _tokens(encoder: TextEncoder, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+def _tokens(encoder: TextEncoder, texts: list[str], add_special_tokens: bool,
+            max_tokens: int) -> list[list[dict[str, Any]]]:
     cleaned = [clean_text(t) for t in texts]
     encodings = encoder.tokenizer.encode_batch(cleaned, add_special_tokens=add_special_tokens)
+    count = sum(len(encoding.ids) for encoding in encodings)
+    if count > max_tokens:
+        raise GatewayError(ErrorType.ANSWER_TOO_LARGE, f"the answer would hold {count:,} tokens, over the "
+                           f"{max_tokens:,} one /tokenize request may ask for (GATEWAY_MAX_TOKENIZE_TOKENS): send "
+                           "fewer or shorter texts per request")
     result = []
     for text, encoding in zip(cleaned, encodings):
         tokens = []
@@ -89,7 +100,8 @@ class TokenService(Service):
         served = await self.model(call, model, None)
         prefix = prompt_text(served, prompt_name) if prompt_name is not None else ""
         tokenizer = tokenizer_of(self.inference, served)
-        return Tokens(served.name, await tokenize(tokenizer, with_prompt(texts, prefix), add_special_tokens))
+        return Tokens(served.name, await tokenize(tokenizer, with_prompt(texts, prefix), add_special_tokens,
+                                                  self.max_tokenize_tokens))
 
     async def decode(self, call: Call, model: ModelRef, rows: list[list[int]], *,
                      skip_special_tokens: bool = True) -> Decoded:

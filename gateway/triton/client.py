@@ -9,6 +9,10 @@ could not be served in time is refused or dropped before it is sent (service/adm
 
 Tensors go through shared-memory regions (`GATEWAY_SHM`: system, or CUDA IPC regions on the GPU), leased from
 the pools that gateway/triton/shm_registry.py keeps registered with Triton, also after a Triton restart.
+
+Repository calls (the index, load, unload) carry the key of Triton's restricted model-repository API when
+GATEWAY_TRITON_REPOSITORY_KEY_FILE names one: with the python backend a load runs the repository's code, so only
+the gateway may ask for it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -53,6 +58,10 @@ CHANNEL_ARGS = [
 ]
 CLOSE_DRAIN_S = 0.2  # how long close() stays on the loop after a call that gRPC may still report on
 HTTP_RETRY_S = 10.0  # after Triton's HTTP endpoint refused a connection, calls go over gRPC this long
+# The header of Triton's restricted model-repository API (--http-restricted-api, --grpc-restricted-protocol
+# model-repository:REPOSITORY_KEY_HEADER=KEY); over gRPC Triton expects it with GRPC_RESTRICTED_PREFIX before it.
+REPOSITORY_KEY_HEADER = "triton-repository-key"
+GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
 
 
 @dataclass(frozen=True, order=True)
@@ -77,6 +86,8 @@ class TritonClient:
         self.grpc = grpcaio.InferenceServerClient(settings.triton_url, channel_args=CHANNEL_ARGS)
         self.http = TritonHttpInfer(settings.triton_http_url) if settings.triton_http_url != "none" else None
         self._http_refused_at: float | None = None  # when the HTTP endpoint last refused a connection
+        self.http_problem: str | None = None  # why the HTTP endpoint is not used (check_http), None while it is
+        self._key_file = Path(settings.triton_repository_key_file) if settings.triton_repository_key_file else None
         self._calls = CallLedger()  # every gRPC call is counted in it (close() reads it; HTTP reports nothing late)
         self.pools = ShmPools(self.grpc, settings, self._calls)
 
@@ -93,10 +104,43 @@ class TritonClient:
         except InferenceServerException:
             return False
 
+    async def check_http(self, timeout_s: float) -> str | None:
+        """Whether GATEWAY_TRITON_HTTP_URL is Triton's live HTTP endpoint (its /v2/health/live answers 200): None
+        when it is (or when none is set), else why not. Until a later check succeeds, inference goes over gRPC; a
+        change either way is logged once."""
+        if self.http is None:
+            return None
+        try:
+            await self.http.live(timeout_s)
+            problem = None
+        except InferenceServerException as exc:
+            problem = exc.message() or str(exc)
+        if problem != self.http_problem:
+            if problem is None:
+                log.info("Triton's HTTP endpoint %s answers again: inference whose tensors are all in shared memory "
+                         "goes over HTTP", self.http.url)
+            elif self.http_problem is None:
+                log.warning("GATEWAY_TRITON_HTTP_URL=%s is not Triton's live HTTP endpoint (%s): inference goes over "
+                            "gRPC (GATEWAY_TRITON_URL) until it is", self.http.url, problem)
+        self.http_problem = problem
+        return problem
+
+    def _repository_headers(self) -> dict[str, str] | None:
+        """The key of Triton's restricted model-repository API, read now (a new key needs no gateway restart)."""
+        if self._key_file is None:
+            return None
+        try:
+            key = self._key_file.read_text().strip()
+        except OSError as exc:
+            raise GatewayError(ErrorType.TRITON_ERROR, "GATEWAY_TRITON_REPOSITORY_KEY_FILE cannot be read "
+                               f"({exc.strerror})") from None
+        return {GRPC_RESTRICTED_PREFIX + REPOSITORY_KEY_HEADER: key}
+
     async def repository_index(self) -> list[IndexEntry]:
         """Every (model, version) of Triton's repository index with its state, loaded or not."""
         try:
-            index = await self._calls.track(self.grpc.get_model_repository_index(client_timeout=self.timeout))
+            index = await self._calls.track(self.grpc.get_model_repository_index(
+                headers=self._repository_headers(), client_timeout=self.timeout))
         except InferenceServerException as exc:
             raise translate_error(exc) from None
         return sorted({IndexEntry(m.name, m.version, m.state, m.reason) for m in index.models})
@@ -107,14 +151,16 @@ class TritonClient:
         Triton polls an ensemble's steps with it and switches the ensemble once they are ready;
         the loaded version keeps serving until the new one is ready (zero downtime)."""
         try:
-            await self._calls.track(self.grpc.load_model(name, client_timeout=timeout_s))
+            await self._calls.track(self.grpc.load_model(name, headers=self._repository_headers(),
+                                                         client_timeout=timeout_s))
         except InferenceServerException as exc:
             raise repository_error(exc, name, "load") from None
 
     async def unload_model(self, name: str, timeout_s: float) -> None:
         """Unload `name`; requests it already accepted finish first (in Triton)."""
         try:
-            await self._calls.track(self.grpc.unload_model(name, client_timeout=timeout_s))
+            await self._calls.track(self.grpc.unload_model(name, headers=self._repository_headers(),
+                                                           client_timeout=timeout_s))
         except InferenceServerException as exc:
             raise repository_error(exc, name, "unload") from None
 
@@ -207,7 +253,8 @@ class TritonClient:
                                                 parameters)
             except HttpUnreachable as exc:
                 self._http_refused_at = time.monotonic()
-                log.warning("%s; inference goes over gRPC for %.0f s", exc.message(), HTTP_RETRY_S)
+                log.warning("GATEWAY_TRITON_HTTP_URL: %s; inference goes over gRPC for %.0f s", exc.message(),
+                            HTTP_RETRY_S)
             else:
                 TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
                 for want in outputs:
@@ -233,8 +280,9 @@ class TritonClient:
         return [_output(result, model, want, transport) for want in outputs]
 
     def _http_usable(self) -> bool:
-        """An HTTP endpoint is set, and has not refused a connection in the last HTTP_RETRY_S."""
-        if self.http is None:
+        """An HTTP endpoint is set, its last check found it Triton's, and it has not refused a connection in the
+        last HTTP_RETRY_S."""
+        if self.http is None or self.http_problem is not None:
             return False
         refused = self._http_refused_at
         return refused is None or time.monotonic() - refused > HTTP_RETRY_S

@@ -10,9 +10,10 @@ One request at a time per connection; idle connections are kept for the next cal
 the client translates both transports in one place:
 - Triton's HTTP status (http_server.cc's HttpCodeFromError) -> its gRPC code;
 - no answer within the call's time -> DEADLINE_EXCEEDED (the connection is closed: an answer may still come);
-- no connection -> HttpUnreachable (the client sends the call over gRPC), a connection lost -> UNAVAILABLE;
-  a kept connection that the server had closed is retried
-  once on a new one, as HTTP clients do for idle keep-alive connections.
+- no connection, or a new connection whose peer closes it or answers with something that is not HTTP/1.x (the
+  address is not Triton's HTTP endpoint: its gRPC port, say) -> HttpUnreachable (the call was not served there;
+  the client sends it over gRPC); a connection lost mid-answer -> UNAVAILABLE; a kept connection that the server
+  had closed is retried once on a new one, as HTTP clients do for idle keep-alive connections.
 Unlike gRPC, closing a connection does not cancel the request in Triton: a call abandoned past its deadline
 is still computed (the python-backend models' skip of cancelled requests applies to gRPC only).
 """
@@ -44,6 +45,10 @@ class HttpUnreachable(InferenceServerException):
         super().__init__(message, status="StatusCode.UNAVAILABLE")
 
 
+class _NotHttp(ConnectionError):
+    """The peer answered with bytes that are not an HTTP/1.x answer."""
+
+
 class _Protocol(asyncio.Protocol):
     """One connection: one request at a time, its answer as (HTTP status, body)."""
 
@@ -63,12 +68,12 @@ class _Protocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(ConnectionError(f"unparsable answer from Triton: {exc}"))
+            self._fail(_NotHttp(f"its answer is not HTTP/1.x ({exc})"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self._fail(ConnectionError("Triton closed the connection"))
+        self._fail(ConnectionError("the connection was closed"))
 
     def on_message_begin(self) -> None:
         self.chunks = []
@@ -138,6 +143,18 @@ class TritonHttpInfer:
             message_text = answer[:500].decode(errors="replace")
         raise _error(_GRPC_STATUS.get(status, "UNKNOWN"), message_text or f"HTTP {status}")
 
+    async def live(self, timeout_s: float) -> None:
+        """Return when `GET /v2/health/live` answers 200 within `timeout_s`: the endpoint is Triton's HTTP endpoint
+        and it is live. HttpUnreachable when nothing there speaks HTTP/1.x; InferenceServerException otherwise."""
+        message = f"GET /v2/health/live HTTP/1.1\r\nHost: {self.url}\r\n\r\n".encode()
+        try:
+            async with asyncio.timeout(timeout_s):
+                status, _ = await self._exchange(message)
+        except TimeoutError:
+            raise _error("DEADLINE_EXCEEDED", f"no answer within {timeout_s:.3f} s") from None
+        if status != 200:
+            raise _error(_GRPC_STATUS.get(status, "UNKNOWN"), f"/v2/health/live answered HTTP {status}")
+
     async def _exchange(self, message: bytes) -> Answer:
         """Send `message` on a kept connection (or a new one) and wait for its answer; the connection is kept
         when the answer came whole and the server keeps it alive, closed otherwise."""
@@ -156,7 +173,11 @@ class TritonHttpInfer:
             raise HttpUnreachable(f"cannot connect to Triton's HTTP endpoint {self.url}: {exc}") from None
         try:
             return await self._on(connection, message)
+        except _NotHttp as exc:
+            raise HttpUnreachable(f"{self.url} is not Triton's HTTP endpoint: {exc}") from None
         except ConnectionError as exc:
+            if not connection.received:  # a new connection closed unanswered: nothing served the call there
+                raise HttpUnreachable(f"{self.url} closed a new connection without answering") from None
             raise _error("UNAVAILABLE", f"Triton's HTTP endpoint {self.url}: {exc}") from None
 
     async def _on(self, connection: _Protocol, message: bytes) -> Answer:

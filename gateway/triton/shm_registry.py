@@ -48,6 +48,11 @@ class ShmPools(Mapping[str, ShmPool]):
         self._new_region = region_maker("cuda" if settings.shm == "cuda" else "system", settings.shm_prefix,
                                         settings.shm_cuda_device)
 
+    @property
+    def refused(self) -> set[str]:
+        """The models whose regions Triton could not open: their tensors go over plain gRPC."""
+        return set(self._no_shm)
+
     def __getitem__(self, name: str) -> ShmPool:
         return self._pools[name]
 
