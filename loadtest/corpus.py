@@ -72,7 +72,9 @@ def make_corpus(spec: CorpusSpec | None = None) -> list[str]:
     return texts
 
 
-def fixed_length_corpus(words: int, size: int = 256, seed: int = 1234) -> list[str]:
-    """`size` ASCII texts of exactly `words` words (for model-alone comparisons at one length)."""
+def fixed_length_corpus(words: int | tuple[int, int], size: int = 256, seed: int = 1234) -> list[str]:
+    """`size` ASCII texts of exactly `words` words (for model-alone comparisons at one length), or of a length drawn
+    uniformly from a (min, max) range."""
     rng = random.Random(seed)
-    return [_text(rng, words, False) for _ in range(size)]
+    low, high = (words, words) if isinstance(words, int) else words
+    return [_text(rng, low if low == high else rng.randint(low, high), False) for _ in range(size)]

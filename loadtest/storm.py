@@ -12,9 +12,12 @@ can serve, and check what a serving stack is judged on in its worst minute.
 Every 200 answer is compared with Triton's own answer for the caller's own text (`reference`):
 an answer closer to another text's vector than to its own counts as cross-talk.
 
-The clients are lean (raw HTTP/1.1 keep-alive over asyncio streams, one connection each) and run in
-a child process at a lower CPU priority (nice 10): on a machine shared with the stack they stand in
-for clients on other machines, instead of competing with the server for its CPU.
+The clients run in one child process, in one of two shapes:
+- `lean` (the default): raw HTTP/1.1 keep-alive over asyncio streams, one connection each, at a lower CPU priority
+  (nice 10): on a machine shared with the stack they stand in for clients on other machines;
+- `pooled`: one `httpx.AsyncClient` whose pool of 256 connections all clients share, as a user's own asyncio load
+  test is written. Its clients cost far more CPU per request, so on a shared machine they take CPU from the stack:
+  run it at the stack's priority (`--nice 0`) and niced (`--nice 19`), with long texts (`--words 200-450`).
 `python -m loadtest storm --help`: against a running stack, or `--compare` code checkouts on a
 local stack built here (loadtest/README.md).
 """
@@ -38,9 +41,18 @@ import numpy as np
 import orjson
 
 from loadtest.http_client import Connection
-from loadtest.results_table import RUNS_DIR, ResultRow, RunContext, add_table_argument, record_rows
+from loadtest.results_table import (
+    RUNS_DIR,
+    ResultRow,
+    RunContext,
+    add_table_argument,
+    record_rows,
+)
 
 Retry = Literal["honour", "ignore"]
+ClientShape = Literal["lean", "pooled"]
+Answer = tuple[int, float | None, bytes]  # status, Retry-After, body
+POOL_CONNECTIONS = 256
 
 
 @dataclass
@@ -81,9 +93,32 @@ class StormReport:
     def goodput_ratio(self) -> float:
         return self.storm.goodput / self.capacity.goodput if self.capacity.goodput else 0.0
 
+    @property
+    def abandoned_share(self) -> float:
+        """504s (admitted, then out of time) among the storm's answers."""
+        return self.storm.statuses[504] / self.storm.answered if self.storm.answered else 0.0
+
     def summary(self) -> dict[str, object]:
         return {"capacity": self.capacity.summary(), "storm": self.storm.summary(),
-                "goodput_ratio": round(self.goodput_ratio, 3), "recovery_s": round(self.recovery_s, 2)}
+                "goodput_ratio": round(self.goodput_ratio, 3), "abandoned_share": round(self.abandoned_share, 4),
+                "recovery_s": round(self.recovery_s, 2)}
+
+
+@dataclass(frozen=True)
+class ClientsShape:
+    """How a storm's clients are written and what they send."""
+
+    client: ClientShape
+    words: tuple[int, int]  # each text's words, drawn uniformly
+    nice: int  # the client process's CPU priority
+    capacity_clients: int  # clients of the capacity phase
+
+
+SHAPES: dict[str, ClientsShape] = {
+    "lean": ClientsShape("lean", (24, 24), 10, 32),  # short texts, lean clients out of the stack's way
+    "pooled": ClientsShape("pooled", (200, 450), 0, 8),  # a user's asyncio load test of long texts
+    "pooled-niced": ClientsShape("pooled", (200, 450), 19, 8),  # the same, the stack first on the CPU
+}
 
 
 @dataclass(frozen=True)
@@ -96,6 +131,7 @@ class StormSettings:
     retry: Retry = "honour"
     recovery_limit_s: float = 30.0
     client_nice: int = 10  # CPU priority of the client process (0: the same as the stack)
+    client: ClientShape = "lean"
     seed: int = 0
 
 
@@ -117,8 +153,25 @@ def _embedding(data: bytes) -> np.ndarray:
     return np.asarray(orjson.loads(data)["embeddings"][0], dtype=np.float32)
 
 
-async def _requests(connection: Connection, s: StormSettings, check: Checker, phase: Phase, until: float,
-                    rng: random.Random) -> None:
+class PooledPoster:
+    """POSTs through one httpx client (a pool of POOL_CONNECTIONS connections), as `Connection.post` answers."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def post(self, path: str, body: bytes) -> Answer:
+        import httpx
+
+        try:
+            answer = await self.client.post(path, content=body, headers={"content-type": "application/json"})
+        except httpx.HTTPError as error:
+            raise ConnectionError(str(error)) from error
+        retry_after = answer.headers.get("retry-after")
+        return answer.status_code, float(retry_after) if retry_after else None, answer.content
+
+
+async def _requests(connection: Connection | PooledPoster, s: StormSettings, check: Checker, phase: Phase,
+                    until: float, rng: random.Random) -> None:
     while time.monotonic() < until:
         text = rng.choice(check.texts)
         body = orjson.dumps({"model": s.model, "inputs": text, "normalize": False})
@@ -141,17 +194,27 @@ async def _requests(connection: Connection, s: StormSettings, check: Checker, ph
 
 
 async def _phase(base_url: str, s: StormSettings, clients: int, seconds: float, check: Checker, seed: int) -> Phase:
+    import httpx
+
     phase = Phase()
-    connections = [Connection(base_url) for _ in range(clients)]
-    await asyncio.gather(*(c.connect() for c in connections))  # before the clock starts
-    until = time.monotonic() + seconds
-    try:
-        await asyncio.gather(*(
-            _requests(conn, s, check, phase, until, random.Random(seed * 1000 + i))
-            for i, conn in enumerate(connections)
-        ))
-    finally:
-        await asyncio.gather(*(c.close() for c in connections))
+    if s.client == "pooled":
+        limits = httpx.Limits(max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS)
+        async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+            poster = PooledPoster(client)
+            until = time.monotonic() + seconds
+            await asyncio.gather(*(_requests(poster, s, check, phase, until, random.Random(seed * 1000 + i))
+                                   for i in range(clients)))
+    else:
+        connections = [Connection(base_url) for _ in range(clients)]
+        await asyncio.gather(*(c.connect() for c in connections))  # before the clock starts
+        until = time.monotonic() + seconds
+        try:
+            await asyncio.gather(*(
+                _requests(conn, s, check, phase, until, random.Random(seed * 1000 + i))
+                for i, conn in enumerate(connections)
+            ))
+        finally:
+            await asyncio.gather(*(c.close() for c in connections))
     phase.seconds = seconds  # answers that arrive after `until` (the last in-flight ones) still count
     return phase
 
@@ -237,12 +300,12 @@ def references(triton_url: str, model: str, texts: list[str]) -> dict[str, np.nd
 
 def compare(args: argparse.Namespace) -> None:
     """Build the storm model here, start one Triton, and storm a gateway from each code checkout
-    (`label=path`), each pipeline and retry mode in turn; the run's folder is loadtest/results/runs/<name>/."""
+    (`label=path`), each pipeline, clients' shape and retry mode in turn, the checkouts side by side; the run's
+    folder is loadtest/results/runs/<name>/."""
     import tempfile
 
     from devstack.gateway import GatewayProcess
     from devstack.tritonserver import TritonServer
-    from loadtest.corpus import fixed_length_corpus
     from loadtest.machine import describe_machine
     from loadtest.models import make_bert
     from tests.fixtures.repository import PYTHON_CPU, build_repository
@@ -252,41 +315,68 @@ def compare(args: argparse.Namespace) -> None:
     repository = work / "model_repository"
     build_repository(repository, [{"model": str(source), "task": "embed", "name": args.model}], **PYTHON_CPU,
                      max_seq_len=128, max_batch_size=32)
-    texts = fixed_length_corpus(args.words, size=args.texts)
     roots = dict(item.split("=", 1) for item in args.compare.split(","))
     rows = []
     with TritonServer(repository=repository, log_path=work / "tritonserver.log") as triton:
-        reference = references(triton.grpc_url, args.model, texts)
-        for pipeline in args.pipelines.split(","):
-            for retry in args.retry.split(","):
-                for label, root in roots.items():
-                    s = StormSettings(model=args.model, storm_clients=args.clients, storm_s=args.seconds,
-                                      retry=retry)  # type: ignore[arg-type]
-                    settings = {"repository": str(repository), "pipeline": pipeline, "request_timeout_s": "3",
-                                "triton_timeout_s": "2"}
-                    with GatewayProcess(triton_url=triton.grpc_url, triton_http_url=triton.http_address, settings=settings, code_root=Path(root),
-                                        log_path=work / f"gateway-{label}-{pipeline}-{retry}.log") as gw:
-                        report = run_storm_sync(gw.url, reference, s, log=print)
-                    rows.append({"code": label, "pipeline": pipeline, "retry": retry, **report.summary()})
-                    print(json.dumps(rows[-1]), flush=True)
+        for shape_name in args.shapes.split(","):
+            shape = SHAPES[shape_name]
+            words = _words(args.words) if args.words else shape.words
+            reference = references(triton.grpc_url, args.model, corpus(words, args.texts))
+            for pipeline in args.pipelines.split(","):
+                for retry in args.retry.split(","):
+                    for label, root in roots.items():
+                        s = settings_of(args, shape, retry)
+                        gateway = {"repository": str(repository), "pipeline": pipeline, "request_timeout_s": "3",
+                                   "triton_timeout_s": "2", "shm_pool_size": "4"}
+                        with GatewayProcess(triton_url=triton.grpc_url, triton_http_url=triton.http_address,
+                                            settings=gateway, code_root=Path(root),
+                                            log_path=work / f"gateway-{label}-{pipeline}-{shape_name}-{retry}.log"
+                                            ) as gw:
+                            report = run_storm_sync(gw.url, reference, s, log=print)
+                        rows.append({"code": label, "pipeline": pipeline, "shape": shape_name, "retry": retry,
+                                     "load": load_of(s, words), **report.summary()})
+                        print(json.dumps(rows[-1]), flush=True)
     out = Path(args.out or RUNS_DIR) / args.name
     out.mkdir(parents=True, exist_ok=True)
     machine = describe_machine()
     (out / "results.json").write_text(json.dumps({"machine": machine.model_dump(), "settings": vars(args),
                                                   "rows": rows}, indent=1, default=str))
-    lines = ["| code | pipeline | retry | capacity/s | storm goodput/s | ratio | recovery s | cross-talk | statuses |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    header = ("| code | pipeline | clients | retry | capacity/s | storm goodput/s | ratio | 504 share | recovery s | "
+              "cross-talk | statuses |")
+    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['code']} | {r['pipeline']} | {r['retry']} | {r['capacity']['goodput_per_s']} | "
-                     f"{r['storm']['goodput_per_s']} | {r['goodput_ratio']} | {r['recovery_s']} | {r['storm']['wrong']} | "
-                     f"{r['storm']['statuses']} |")
+        lines.append(f"| {r['code']} | {r['pipeline']} | {r['shape']} | {r['retry']} | "
+                     f"{r['capacity']['goodput_per_s']} | {r['storm']['goodput_per_s']} | {r['goodput_ratio']} | "
+                     f"{r['abandoned_share']} | {r['recovery_s']} | {r['storm']['wrong']} | {r['storm']['statuses']} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     context = RunContext.of(machine, args.name, out)
     record_rows([row for r in rows for row in table_rows(
         replace(context, commit=checkout_commit(Path(roots[r["code"]])) or context.commit),
-        f"{r['code']} {r['pipeline']} retry={r['retry']}", f"{args.clients} clients, {args.words} words", r)],
-        args.table)
+        f"{r['code']} {r['pipeline']} {r['shape']} retry={r['retry']}", r["load"], r)], args.table)
+
+
+def _words(text: str) -> tuple[int, int]:
+    """`24` or `200-450`."""
+    low, _, high = text.partition("-")
+    return int(low), int(high or low)
+
+
+def corpus(words: tuple[int, int], size: int) -> list[str]:
+    from loadtest.corpus import fixed_length_corpus
+
+    return fixed_length_corpus(words, size=size)
+
+
+def settings_of(args: argparse.Namespace, shape: ClientsShape, retry: str) -> StormSettings:
+    nice = shape.nice if args.nice is None else args.nice
+    return StormSettings(model=args.model, storm_clients=args.clients, storm_s=args.seconds, retry=retry,  # type: ignore[arg-type]
+                         client=shape.client, client_nice=nice, capacity_clients=shape.capacity_clients)
+
+
+def load_of(s: StormSettings, words: tuple[int, int]) -> str:
+    length = f"{words[0]}" if words[0] == words[1] else f"{words[0]}-{words[1]}"
+    return f"{s.storm_clients} {s.client} clients nice {s.client_nice}, {length} words"
 
 
 def checkout_commit(root: Path) -> str | None:
@@ -305,13 +395,12 @@ def table_rows(context: RunContext, series: str, load: str, summary: dict[str, A
     storm = summary["storm"]
     return [context.row("storm", series, load, "goodput storm/capacity", summary["goodput_ratio"], "x"),
             context.row("storm", series, load, "storm goodput", storm["goodput_per_s"], "texts/s"),
+            context.row("storm", series, load, "504 share", summary["abandoned_share"], "x"),
             context.row("storm", series, load, "wrong answers", storm["wrong"], "count"),
             context.row("storm", series, load, "recovery", summary["recovery_s"], "s")]
 
 
 def main(argv: list[str] | None = None) -> None:
-    from loadtest.corpus import fixed_length_corpus
-
     parser = argparse.ArgumentParser(prog="python -m loadtest storm", description=__doc__.splitlines()[0])
     parser.add_argument("--gateway", default="http://127.0.0.1:8080")
     parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC, for the reference answers")
@@ -320,8 +409,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=192)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--retry", default="honour", help="honour, ignore, or both: honour,ignore")
+    parser.add_argument("--shapes", default="lean", help=f"the clients' shapes, of {', '.join(SHAPES)}: "
+                        "lean (short texts, raw connections, nice 10), pooled (one httpx pool, 200-450 words, "
+                        "nice 0), pooled-niced (the same at nice 19)")
     parser.add_argument("--texts", type=int, default=128)
-    parser.add_argument("--words", type=int, default=24)
+    parser.add_argument("--words", default="", help="words per text, N or MIN-MAX (default: the shape's)")
+    parser.add_argument("--nice", type=int, default=None, help="the client process's nice (default: the shape's)")
     parser.add_argument("--compare", default="", help="label=checkout,...: build a local stack and storm a gateway "
                         "run from each checkout (e.g. before=/tmp/old,after=.)")
     parser.add_argument("--pipelines", default="scheduler,ensemble", help="with --compare")
@@ -335,16 +428,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     from loadtest.machine import describe_machine
 
-    texts = fixed_length_corpus(args.words, size=args.texts)
-    reference = references(args.triton, args.model, texts)
     context = RunContext.of(describe_machine(), args.name, args.gateway)
-    for retry in args.retry.split(","):
-        settings = StormSettings(model=args.model, storm_clients=args.clients, storm_s=args.seconds,
-                                 retry=retry)  # type: ignore[arg-type]
-        report = run_storm_sync(args.gateway, reference, settings, log=print)
-        print(json.dumps({"settings": asdict(settings), **report.summary()}, indent=2))
-        record_rows(table_rows(context, f"{args.gateway} retry={retry}", f"{args.clients} clients, {args.words} words",
-                               report.summary()), args.table)
+    for shape_name in args.shapes.split(","):
+        shape = SHAPES[shape_name]
+        words = _words(args.words) if args.words else shape.words
+        reference = references(args.triton, args.model, corpus(words, args.texts))
+        for retry in args.retry.split(","):
+            settings = settings_of(args, shape, retry)
+            report = run_storm_sync(args.gateway, reference, settings, log=print)
+            print(json.dumps({"settings": asdict(settings), **report.summary()}, indent=2))
+            record_rows(table_rows(context, f"{args.gateway} {shape_name} retry={retry}", load_of(settings, words),
+                                   report.summary()), args.table)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ def _step_counts(url: str) -> tuple[int, int]:
     return int(model.get("inference_count", 0)), int(model.get("execution_count", 0))
 
 
+@pytest.mark.slow  # a repository built and served for merged buckets: `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_merged_buckets_batch_together_and_match_single_requests(tiny_embedder_dir: Path, tmp_path: Path) -> None:
     repository = tmp_path / "repo"
@@ -81,6 +82,7 @@ def test_merge_buckets_defaults_to_on_for_gpu_python_runtime_only(tiny_embedder_
     assert merged(runtime="native", device="gpu", formats="onnx") is False
 
 
+@pytest.mark.slow  # a repository built and served for merged buckets: `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_declared_shapes_are_warmed_at_load_and_kept_to(tiny_embedder_dir: Path, tmp_path: Path) -> None:
     """--batch-widths/--batch-rows: the runner runs every declared shape once at load, then cuts merged

@@ -117,6 +117,7 @@ def _packed(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {INPUT_IDS: rows.input_ids[None], TOKEN_TYPE_IDS: rows.token_type_ids[None], CU_SEQLENS: rows.cu_seqlens[None]}
 
 
+@pytest.mark.slow  # the packed repository built and served: `scripts/test -m slow`
 def test_packed_build_config_and_manifest(repository: Path) -> None:
     config = read_config(repository / "emb_onnx" / "config.pbtxt")
     inputs = {i.name: (i.optional, i.allow_ragged_batch) for i in config.input}
@@ -135,6 +136,7 @@ def test_packed_build_config_and_manifest(repository: Path) -> None:
     assert all(p.passed and p.layout == "packed" and p.ran_on == "CPUExecutionProvider" for p in manifest.parity)
 
 
+@pytest.mark.slow  # the packed repository built and served: `scripts/test -m slow`
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["emb", "rr", "xr"])
 def test_packed_and_padded_requests_match_pytorch(server: TritonServer, model_dirs: dict[str, Path], name: str) -> None:
@@ -155,6 +157,7 @@ def test_packed_and_padded_requests_match_pytorch(server: TritonServer, model_di
         assert result.passed, (kind, result.summary())
 
 
+@pytest.mark.slow  # the packed repository built and served: `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_per_token_outputs_packed_and_padded(server: TritonServer, repository: Path, model_dirs: dict[str, Path]
                                              ) -> None:
@@ -211,6 +214,7 @@ async def gateway(repository: Path, server: TritonServer) -> AsyncIterator[httpx
         yield http
 
 
+@pytest.mark.slow  # the packed repository built and served: `scripts/test -m slow`
 @pytest.mark.anyio
 async def test_gateway_packed_batches_answer_as_pytorch(gateway: httpx.AsyncClient, server: TritonServer,
                                                         model_dirs: dict[str, Path]) -> None:
@@ -277,6 +281,7 @@ def _burst(server: TritonServer, calls: list[tuple[str, dict[str, np.ndarray]]])
     return _stats(server, "burst_onnx")[0] - before, answers
 
 
+@pytest.mark.slow  # the packed repository built and served: `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_merged_requests_run_together_and_answer_alone(server: TritonServer, model_dirs: dict[str, Path]) -> None:
     """The batcher of `burst` waits for 8 batch rows (a packed request counts 1, whatever its rows). Eight packed
@@ -305,6 +310,7 @@ def test_merged_requests_run_together_and_answer_alone(server: TritonServer, mod
         assert compare("onnx", "embed", want[part], got, MAX_SEQ_LEN).passed, part
 
 
+@pytest.mark.slow  # the packed repository built and served: `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_padded_and_packed_requests_do_not_share_an_execution(server: TritonServer, model_dirs: dict[str, Path]) -> None:
     """Triton's batcher merges only requests with the same set of inputs when a model has optional ones (Triton
@@ -336,6 +342,7 @@ BAD_REQUESTS = {
 }
 
 
+@pytest.mark.slow  # the packed repository built and served: `scripts/test -m slow`
 @pytest.mark.timeout(300)
 def test_requests_that_break_the_layout_get_clear_errors(server: TritonServer) -> None:
     for case, (changes, message) in BAD_REQUESTS.items():

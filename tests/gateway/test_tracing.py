@@ -329,6 +329,7 @@ memory is not NUL the traceparent is read too long, fails W3C parsing, and Trito
 its own: 1-4% of calls here (gateway/README.md, Tracing). One call would fail the test that often."""
 
 
+@pytest.mark.slow  # a collector, a gateway and Triton exporting: `scripts/test -m slow`
 def test_otlp_http_export_joins_the_gateways_and_tritons_spans(
     fake_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_otel_env: None
 ) -> None:
