@@ -2,16 +2,16 @@
 
     PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m loadtest ab-gateway --before REV [--rounds 8] [--out DIR]
         [--before-setting KEY=VALUE ...] [--after-setting KEY=VALUE ...] [--path /tei/bert/embed]
-        [--clients 16] [--echo-step]
+        [--clients 16] [--shape small] [--echo-step]
 
 A setting (a gateway setting's name, as GATEWAY_KEY) compares one revision against itself: `--before HEAD
 --after-setting loop=uvloop`.
 
-Builds loadtest/models.py's `small` BERT embedder (--runtime python, CPU), starts one tritonserver
+Builds loadtest/models.py's `small` BERT embedder (or `--shape`) (--runtime python, CPU), starts one tritonserver
 on it and two gateways (one worker each, scheduler pipeline, system shm): `before` runs a git
 worktree of REV, `after` this checkout. Each round times, for both gateways in turn (order
 alternating): 200 sequential `/embed` calls of 1 text, 50 of 8 texts (latency), 2000 calls of
-1 text from 16 (`--clients`) concurrent keep-alive connections (throughput, the gateway's own CPU time per
+1 text from 16 (`--clients`) concurrent keep-alive connections (throughput and p99, the gateway's own CPU time per
 request: user + system of its processes, and where a request's time goes inside it, from its /metrics as
 bench7 reads them), and 150 calls of 32 texts from 4 connections (CPU per request), on the realistic corpus
 (loadtest/corpus.py). `--echo-step` serves a model step that computes nothing (loadtest/echo_step), so that
@@ -39,7 +39,7 @@ from devstack.gateway import GatewayProcess
 from devstack.tritonserver import REPO_ROOT, TritonServer
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.machine import describe_machine
-from loadtest.models import make_bert
+from loadtest.models import SHAPES, make_bert
 from loadtest.results_table import ResultRow, RunContext, add_table_argument, record_rows
 from loadtest.stack_check import ECHO_MODEL_PY
 from tests.fixtures.repository import build_repository
@@ -63,19 +63,23 @@ async def sequential(client: httpx.AsyncClient, texts: list[str], batch: int, ca
 
 
 async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch: int = 1, path: str = "/embed"
-                     ) -> float:
-    """Requests per second of `calls` `path` calls of `batch` texts from `clients` concurrent keep-alive
-    connections (loadtest/http_client.py's lean client: the load generator's own cost stays small)."""
+                     ) -> tuple[float, float]:
+    """Requests per second and the p99 latency (s) of `calls` `path` calls of `batch` texts from `clients`
+    concurrent keep-alive connections (loadtest/http_client.py's lean client: the load generator's own cost stays
+    small)."""
     from loadtest.http_client import Connection
 
     queue = iter(range(calls))
+    latencies: list[float] = []
     connections = [Connection(url) for _ in range(clients)]
     await asyncio.gather(*(c.connect() for c in connections))
 
     async def worker(connection: Connection) -> None:
         for i in queue:
             chunk = [texts[(i * batch + k) % len(texts)] for k in range(batch)]
+            sent = time.perf_counter()
             status, _, body = await connection.post(path, orjson.dumps({"inputs": chunk}))
+            latencies.append(time.perf_counter() - sent)
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
 
@@ -84,7 +88,7 @@ async def concurrent(url: str, texts: list[str], clients: int, calls: int, batch
         await asyncio.gather(*(worker(c) for c in connections))
     finally:
         await asyncio.gather(*(c.close() for c in connections))
-    return calls / (time.perf_counter() - start)
+    return calls / (time.perf_counter() - start), statistics.quantiles(latencies, n=100)[98]
 
 
 def echo_steps(repository: Path) -> list[str]:
@@ -116,9 +120,9 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
                   concurrency: int = 16) -> dict[str, dict[str, list[float]]]:
     from loadtest.stack_metrics import batching_stats, scheduler_counters
 
-    rate = f"{concurrency} clients req/s"
+    rate, p99 = f"{concurrency} clients req/s", f"{concurrency} clients p99 ms"
     results: dict[str, dict[str, list[float]]] = {
-        label: {"1 text ms": [], "8 texts ms": [], rate: [], "gateway CPU us per 1-text request": [],
+        label: {"1 text ms": [], "8 texts ms": [], rate: [], p99: [], "gateway CPU us per 1-text request": [],
                 "gateway CPU us per 32-text request": [], **{stage: [] for stage in STAGES}}
         for label in LABELS}
     limits = httpx.Limits(max_connections=32)
@@ -133,7 +137,9 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
                 out["1 text ms"].append(await sequential(client, texts, 1, 200, path) * 1e3)
                 out["8 texts ms"].append(await sequential(client, texts, 8, 50, path) * 1e3)
                 cpu, counters = cpu_seconds(pids[label]), scheduler_counters(urls[label])
-                out[rate].append(await concurrent(urls[label], texts, concurrency, CONCURRENT_CALLS, path=path))
+                per_s, tail_s = await concurrent(urls[label], texts, concurrency, CONCURRENT_CALLS, path=path)
+                out[rate].append(per_s)
+                out[p99].append(tail_s * 1e3)
                 out["gateway CPU us per 1-text request"].append(
                     (cpu_seconds(pids[label]) - cpu) / CONCURRENT_CALLS * 1e6)
                 after_counters = scheduler_counters(urls[label])
@@ -168,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="directory for results.json and summary.md")
     parser.add_argument("--path", default="/embed", help="the route timed: /embed, or TEI's /tei/bert/embed")
     parser.add_argument("--clients", type=int, default=16, help="concurrent connections of the single-text phase")
+    parser.add_argument("--shape", default="small", choices=list(SHAPES), help="loadtest.models shape of the BERT")
     parser.add_argument("--echo-step", action="store_true",
                         help="the model step computes nothing (loadtest/echo_step): the gateway is what is loaded")
     parser.add_argument("--name", default="ab-gateway", help="the run's name in the results table")
@@ -184,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.before], cwd=REPO_ROOT, check=True,
                        capture_output=True)
         try:
-            model = make_bert(root / "bert", "embed", "small")
+            model = make_bert(root / "bert", "embed", args.shape)
             repository = root / "repository"
             build_repository(repository, [{"model": str(model), "task": "embed", "name": "bert"}],
                              runtime="python", formats="onnx", device="cpu", max_seq_len=128, max_batch_size=64)
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     step = "its step computing nothing (--echo-step)" if args.echo_step else "CPU"
     head = (f"before = {args.before} {extra['before'] or ''}, after = working tree {extra['after'] or ''}; "
             f"POST {args.path}; "
-            f"small BERT embedder (--runtime python, {step}, "
+            f"{args.shape} BERT embedder (--runtime python, {step}, "
             f"max_seq_len 128); one worker each, scheduler pipeline, system shm; medians of {args.rounds} "
             f"alternating rounds; CPU: the gateway process's own user+system time over the {args.clients}-client "
             "phase (1 text) and the 4-client phase (32 texts); stage times: its /metrics over the first of them")

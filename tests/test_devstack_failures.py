@@ -143,8 +143,10 @@ def test_taken_triton_port(fake_repository: Path) -> None:
 @pytest.mark.parametrize(("variable", "value", "expected"), [
     ("GATEWAY_SHM", "shared", "error: GATEWAY_SHM: must be one of system, cuda, none (got 'shared')"),
     ("GATEWAY_WORKERS", "four", "error: GATEWAY_WORKERS: must be a whole number or auto (got 'four')"),
-    ("GATEWAY_PORT", "http", "error: GATEWAY_PORT: must be a port number, 1 to 65535 (got 'http')"),
-    ("TRITON_GRPC_PORT", "99999", "error: TRITON_GRPC_PORT: must be a port number, 1 to 65535 (got '99999')"),
+    pytest.param("GATEWAY_PORT", "http", "error: GATEWAY_PORT: must be a port number, 1 to 65535 (got 'http')",
+                 marks=pytest.mark.slow),
+    pytest.param("TRITON_GRPC_PORT", "99999",
+                 "error: TRITON_GRPC_PORT: must be a port number, 1 to 65535 (got '99999')", marks=pytest.mark.slow),
 ])
 def test_invalid_variable(variable: str, value: str, expected: str, fake_repository: Path) -> None:
     assert refused(devstack("--repository", fake_repository, env={variable: value})) == expected

@@ -191,11 +191,11 @@ PATIENT = {"X-Request-Timeout": "120"}
 async def test_a_request_with_its_own_long_deadline_waits_where_the_default_is_refused(
     storm_triton: TritonServer, storm_repository: Path
 ) -> None:
-    texts = fixed_length_corpus(24, size=2048)
+    texts = fixed_length_corpus(24, size=1024)
     async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address,
                                repository=str(storm_repository), max_queue_wait_s=0.3,
                                max_batches_in_flight=1) as (app, client):
-        # 64 batches of 32: the first MIN_CALLS of them teach the cost, the rest are the work ahead
+        # 32 batches of 32: the first MIN_CALLS of them teach the cost, the rest are the work ahead
         load = asyncio.create_task(client.post("/embed", json=embed_body(texts), headers=PATIENT))
         backlog = app.state.runtime.inference.backlog_of(app.state.runtime.registry.resolve(MODEL, "embed"))
         await until(lambda: backlog.service.known or load.done(), "the cost learned")

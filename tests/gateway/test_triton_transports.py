@@ -103,7 +103,7 @@ async def test_a_failed_call_is_an_unavailable_model_an_unreachable_triton_or_a_
     try:
         with pytest.raises(GatewayError) as unknown:
             await client.infer_ensemble("nosuchmodel", [b"a"], output, time.monotonic() + 30)
-        assert unknown.value.type is ErrorType.MODEL_UNAVAILABLE and "nosuchmodel" in unknown.value.message
+        assert unknown.value.type is ErrorType.MODEL_UNAVAILABLE and "nosuchmodel" not in unknown.value.message  # no Triton names
         with pytest.raises(GatewayError) as unreachable:
             await nobody.infer_ensemble("fakeemb_onnx", [b"a"], output, time.monotonic() + 5)
         assert unreachable.value.type is ErrorType.TRITON_UNAVAILABLE
@@ -128,7 +128,7 @@ async def test_over_http_a_failed_call_is_translated_as_over_grpc(server: Triton
             await client.pools.ensure(model, sizes, 1)
         with pytest.raises(GatewayError) as unknown:
             await client.infer_ensemble("nosuchmodel", [b"a"], output, time.monotonic() + 30)
-        assert unknown.value.type is ErrorType.MODEL_UNAVAILABLE and "nosuchmodel" in unknown.value.message
+        assert unknown.value.type is ErrorType.MODEL_UNAVAILABLE and "nosuchmodel" not in unknown.value.message  # no Triton names
         with pytest.raises(GatewayError) as narrower:  # the answer's width is not the one asked for
             await client.infer_ensemble("fakeemb_onnx", [b"a"], Output("embeddings", EMBED_DIM + 1, "e"),
                                         time.monotonic() + 30)
@@ -136,7 +136,7 @@ async def test_over_http_a_failed_call_is_translated_as_over_grpc(server: Triton
         with pytest.raises(GatewayError) as refused:  # Triton refuses an input of the wrong type
             await client.infer_step("fakeemb_onnx", {"text": np.zeros((1, 1), np.int32)}, (1, EMBED_DIM), output,
                                     time.monotonic() + 30)
-        assert refused.value.type is ErrorType.TRITON_ERROR and "text" in refused.value.message
+        assert refused.value.type is ErrorType.TRITON_ERROR and "log" in refused.value.message
         vectors, _ = await client.infer_ensemble("fakeemb_onnx", [b"a b"], output, time.monotonic() + 30)
         np.testing.assert_array_equal(vectors[0], fake_vector("a b", EMBED_DIM))  # the connection still serves
         assert client.http is not None and client.http.idle == 1

@@ -155,6 +155,7 @@ def has_data(result: list[dict[str, Any]]) -> bool:
     return any(math.isfinite(float(series["value"][1])) for series in result)
 
 
+@pytest.mark.slow  # a stack under load scraped by a real Prometheus: `scripts/test -m slow`
 def test_every_dashboard_query_has_data_on_cpu(scraped: Prometheus) -> None:
     queries = dashboard_queries()
     assert len(queries) >= 40 and {q.panel for q in queries} >= set(GPU_PANELS)

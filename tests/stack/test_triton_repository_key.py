@@ -120,6 +120,7 @@ def status(url: str, method: str = "GET", headers: dict[str, str] | None = None)
         return 0
 
 
+@pytest.mark.slow  # a devstack with the key against one without: `scripts/test -m slow`
 @pytest.mark.anyio
 async def test_only_the_key_holder_may_unload(fake_repository: Path, tmp_path: Path) -> None:
     keys = tmp_path / "triton-key"
