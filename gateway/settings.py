@@ -71,7 +71,8 @@ class GatewaySettings(BaseSettings):
     )
     batch_call_cost_tokens: int | None = Field(
         None, ge=0, description="What one more model call costs, in tokens, when batches are cut by length "
-        "(contract/batching.py); empty = by the model step's device (GPU 1024, CPU 64).",
+        "(contract/batching.py), and how admission scales the measured cost of calls to larger ones it has not "
+        "measured yet; empty = by the model step's device (GPU 1024, CPU 64).",
     )
     tokenize_inline_chars: int = Field(
         1024, ge=0, description="A request of at most this many characters that finds the tokenizer idle is "

@@ -53,11 +53,18 @@ MIN_CALLS = 16
 
 
 class ServiceTime:
-    """seconds = per_call_s + per_unit_s x units, fitted by exponentially weighted least squares."""
+    """seconds = per_call_s + per_unit_s x units, fitted by exponentially weighted least squares.
 
-    def __init__(self) -> None:
+    A fit of small calls says little of larger ones: calls of a few texts, slowed or sped up by what else runs on
+    the host, can fit a cost that hardly grows with the tokens, and a burst of many texts would then look like a
+    few cheap calls. Calls larger than those measured are therefore costed at least as the device's own cost model
+    scales the measured ones (`call_cost_units`: what one more call costs in units; a CPU's calls cost their
+    tokens, a GPU's mostly the call), until calls of that size are measured."""
+
+    def __init__(self, call_cost_units: int | None = None) -> None:
         self._w = self._t = self._tt = self._y = self._ty = 0.0
         self.calls = 0
+        self.call_cost_units = call_cost_units
 
     def observe(self, units: float, seconds: float) -> None:
         """One call of `units` that cost `seconds` of the model's time."""
@@ -94,7 +101,14 @@ class ServiceTime:
     def seconds(self, units: float, calls: int) -> float:
         """Expected model time of `units` served in `calls` calls."""
         per_call, per_unit = self.coefficients()
-        return calls * per_call + units * per_unit
+        fitted = calls * per_call + units * per_unit
+        if self.call_cost_units is None or not calls or not self._w:
+            return fitted
+        size, measured = units / calls, self._t / self._w  # units per call: these calls', and the measured ones'
+        if size <= measured:
+            return fitted
+        cost = self.call_cost_units
+        return max(fitted, calls * (self._y / self._w) * (cost + size) / (cost + measured))
 
 
 class BusyClock:
@@ -131,7 +145,8 @@ class Backlog:
 
     shedding_models = 0  # backlogs of this process whose last check refused (the shedding gate's quick test)
 
-    def __init__(self, name: str, unit: str, max_wait_s: float, call_units: int | None, call_rows: int = 0) -> None:
+    def __init__(self, name: str, unit: str, max_wait_s: float, call_units: int | None, call_rows: int = 0,
+                 call_cost_units: int | None = None) -> None:
         self.name = name
         self.unit = unit
         self.max_wait_s = max_wait_s
@@ -144,7 +159,7 @@ class Backlog:
         self.pending_calls = 0  # call_units None: calls admitted and not finished
         self.queued_batch = 0  # of those, the batch lane's units still queued: interactive work goes first
         self.queued_batch_rows = 0
-        self.service = ServiceTime()
+        self.service = ServiceTime(call_cost_units)
         self.clock = BusyClock()
         self.call_latency_s = 0.0  # moving average of a call's wall time (queueing in Triton included)
         self.units_per_char = 0.3  # tokens per character of text, learned: sizes a request before it is tokenized

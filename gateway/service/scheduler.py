@@ -70,7 +70,7 @@ class BatchPolicy:
     max_tokens: int
     max_in_flight: int
     shapes: Shapes  # padded: the widths and row counts batches take (the step's declared ones, or any)
-    call_cost_tokens: int  # padded: what one more model call costs, in tokens (contract/batching.py)
+    call_cost_tokens: int  # what one more model call costs, in tokens: padded batches' planning, admission's estimate
     pad_id: int
     max_queue_wait_s: float = 2.0  # admit only what the work ahead lets start within this (and its deadline)
     layout: Layout = "padded"
@@ -91,7 +91,7 @@ class BatchScheduler:
         self._seq = itertools.count()
         self._in_flight = 0
         self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s, call_units=policy.max_tokens,
-                               call_rows=policy.max_rows)  # queued and running tokens and rows
+                               call_rows=policy.max_rows, call_cost_units=policy.call_cost_tokens)  # queued, running
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property

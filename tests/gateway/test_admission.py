@@ -37,6 +37,26 @@ def test_calls_of_one_size_are_taken_as_fixed_cost_not_per_token_cost() -> None:
     assert service.coefficients() == (pytest.approx(0.004), 0.0)
 
 
+def test_calls_larger_than_those_measured_are_costed_by_the_devices_cost_model() -> None:
+    """Small calls whose cost hardly grew with their tokens (a CPU shared with other work) fit a cost that is
+    nearly all per call. A burst of 32-text calls is then costed as the device's cost model scales the measured
+    calls: on a CPU (a call costs 64 tokens more) about in proportion to the tokens, on a GPU (1024) hardly more."""
+    small = [(256, 0.045), (384, 0.046), (512, 0.047), (384, 0.045)] * 8  # 2-4 texts of 128 tokens
+    cpu, gpu, blind = ServiceTime(64), ServiceTime(1024), ServiceTime()
+    for service in (cpu, gpu, blind):
+        for units, seconds in small:
+            service.observe(units, seconds)
+    burst = (6 * 4096, 6)  # 192 texts of 128 tokens in 6 calls of 32
+    assert blind.seconds(*burst) < 0.5  # the fit alone: six cheap calls
+    measured = 384  # tokens per call measured, on average
+    assert cpu.seconds(*burst) == pytest.approx(6 * 0.04575 * (64 + 4096) / (64 + measured), rel=0.01)  # ~2.5 s
+    assert gpu.seconds(*burst) == pytest.approx(6 * 0.04575 * (1024 + 4096) / (1024 + measured), rel=0.01)
+    assert cpu.seconds(384, 1) == blind.seconds(384, 1)  # calls of the measured size: the fit
+    for _ in range(64):  # 32-text calls measured: the fit of them rules
+        cpu.observe(4096, 0.5)
+    assert cpu.seconds(*burst) == pytest.approx(3.0, rel=0.05)
+
+
 def test_busy_time_is_shared_between_overlapping_calls() -> None:
     now = [0.0]
     clock = BusyClock(lambda: now[0])

@@ -29,12 +29,13 @@ def batch_policy(settings: GatewaySettings, model: ServedModel, endpoint: Endpoi
     if rows and rows[-1] != max_rows:  # GATEWAY_MAX_BATCH_REQUESTS below the step's largest: a declared count
         max_rows = rows[-1]
     cost = s.batch_call_cost_tokens
+    call_cost = _CALL_COST_TOKENS["GPU" if endpoint.step_on_gpu else "CPU"] if cost is None else cost
     pad_id = model.tokenizer.pad_token_id if model.tokenizer else 0
     if endpoint.step_layout == "packed":  # only real tokens count: no widths, no row counts, no padding bound
         return BatchPolicy(
             max_rows=s.max_batch_requests,  # a packed request is one of Triton's batch, whatever its rows
             max_tokens=max(budget, model.max_seq_len), max_in_flight=batches_in_flight(s, endpoint),
-            shapes=Shapes(model.max_seq_len), call_cost_tokens=0, pad_id=pad_id,
+            shapes=Shapes(model.max_seq_len), call_cost_tokens=call_cost, pad_id=pad_id,
             max_queue_wait_s=s.max_queue_wait_s, layout="packed",
         )
     return BatchPolicy(
@@ -42,7 +43,7 @@ def batch_policy(settings: GatewaySettings, model: ServedModel, endpoint: Endpoi
         max_tokens=max(budget, model.max_seq_len),
         max_in_flight=batches_in_flight(s, endpoint),
         shapes=Shapes(model.max_seq_len, widths, rows),
-        call_cost_tokens=_CALL_COST_TOKENS["GPU" if endpoint.step_on_gpu else "CPU"] if cost is None else cost,
+        call_cost_tokens=call_cost,
         pad_id=pad_id,
         max_queue_wait_s=s.max_queue_wait_s,
     )
