@@ -117,7 +117,8 @@ STAGES = {"tokenizing ms": "tokenize_ms", "oldest text in the batch queue ms": "
 
 
 async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], rounds: int, path: str = "/embed",
-                  concurrency: int = 16) -> dict[str, dict[str, list[float]]]:
+                  concurrency: int = 16, calls: int = CONCURRENT_CALLS, batch_calls: int = BATCH_CALLS
+                  ) -> dict[str, dict[str, list[float]]]:
     from loadtest.stack_metrics import batching_stats, scheduler_counters
 
     rate, p99 = f"{concurrency} clients req/s", f"{concurrency} clients p99 ms"
@@ -137,18 +138,18 @@ async def measure(urls: dict[str, str], pids: dict[str, int], texts: list[str], 
                 out["1 text ms"].append(await sequential(client, texts, 1, 200, path) * 1e3)
                 out["8 texts ms"].append(await sequential(client, texts, 8, 50, path) * 1e3)
                 cpu, counters = cpu_seconds(pids[label]), scheduler_counters(urls[label])
-                per_s, tail_s = await concurrent(urls[label], texts, concurrency, CONCURRENT_CALLS, path=path)
+                per_s, tail_s = await concurrent(urls[label], texts, concurrency, calls, path=path)
                 out[rate].append(per_s)
                 out[p99].append(tail_s * 1e3)
                 out["gateway CPU us per 1-text request"].append(
-                    (cpu_seconds(pids[label]) - cpu) / CONCURRENT_CALLS * 1e6)
+                    (cpu_seconds(pids[label]) - cpu) / calls * 1e6)
                 after_counters = scheduler_counters(urls[label])
                 stages = batching_stats({k: after_counters[k] - counters[k] for k in after_counters})
                 for stage, key in STAGES.items():
                     out[stage].append(stages[key])
                 cpu = cpu_seconds(pids[label])
-                await concurrent(urls[label], texts, 4, BATCH_CALLS, batch=32, path=path)
-                out["gateway CPU us per 32-text request"].append((cpu_seconds(pids[label]) - cpu) / BATCH_CALLS * 1e6)
+                await concurrent(urls[label], texts, 4, batch_calls, batch=32, path=path)
+                out["gateway CPU us per 32-text request"].append((cpu_seconds(pids[label]) - cpu) / batch_calls * 1e6)
     return results
 
 
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="directory for results.json and summary.md")
     parser.add_argument("--path", default="/embed", help="the route timed: /embed, or TEI's /tei/bert/embed")
     parser.add_argument("--clients", type=int, default=16, help="concurrent connections of the single-text phase")
+    parser.add_argument("--calls", type=int, default=CONCURRENT_CALLS, help="calls of the single-text phase")
+    parser.add_argument("--batch-calls", type=int, default=BATCH_CALLS, help="calls of the 32-text phase")
     parser.add_argument("--shape", default="small", choices=list(SHAPES), help="loadtest.models shape of the BERT")
     parser.add_argument("--echo-step", action="store_true",
                         help="the model step computes nothing (loadtest/echo_step): the gateway is what is loaded")
@@ -206,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 assert before.process is not None and after.process is not None
                 results = asyncio.run(measure({"before": before.url, "after": after.url},
                                               {"before": before.process.pid, "after": after.process.pid},
-                                              texts, args.rounds, args.path, args.clients))
+                                              texts, args.rounds, args.path, args.clients, args.calls,
+                                              args.batch_calls))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO_ROOT, check=False)
     rows = ["| measure | before | after | after/before |", "| --- | --- | --- | --- |"]
