@@ -63,11 +63,13 @@ class GatewaySettings(BaseSettings):
         "/embed_sparse of bge-m3-style models; at least max_seq_len): the shm regions of such an output hold "
         "about 1.25 x this + max_seq_len tokens x floats per token x 4 bytes.",
     )
-    max_batches_in_flight: int = Field(
-        2, ge=1, description="Batches in flight to a model step per instance Triton runs of it (all its GPUs), "
+    max_batches_in_flight: int | Literal["auto"] = Field(
+        "auto", description="Batches in flight to a model step per instance Triton runs of it (all its GPUs), "
         "shared by the workers: each worker keeps ceil(this x instances / workers), at least 1 (the ensemble "
-        "pipeline: that many max-size chunks of texts). Texts queue and batch behind them; 2 keeps each instance "
-        "a batch ready behind the one it runs.",
+        "pipeline: that many max-size chunks of texts); texts queue and batch behind them. `auto`: 2 on a GPU "
+        "step, which keeps each instance a batch ready behind the one it runs and hides the hop to Triton; 1 on a "
+        "CPU step, whose instance has no transfer to hide: a second batch would only wait in Triton's queue while "
+        "the gateway's queue forms fuller batches.",
     )
     batch_call_cost_tokens: int | None = Field(
         None, ge=0, description="What one more model call costs, in tokens, when batches are cut by length "
@@ -174,7 +176,7 @@ class GatewaySettings(BaseSettings):
         "", description="PROMETHEUS_MULTIPROC_DIR for several workers; empty = a fresh temp dir."
     )
 
-    @field_validator("workers", "tokenizer_threads", mode="before")
+    @field_validator("workers", "tokenizer_threads", "max_batches_in_flight", mode="before")
     @classmethod
     def _count_or_auto(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().isdigit():

@@ -10,7 +10,7 @@ Starts tritonserver on the repository and the gateway with its shipped defaults 
 2. interactive alone: single texts arrive as a Poisson process at `--share` of that capacity (texts/s), the
    latency of each counted from its scheduled arrival (no coordinated omission): the idle stack's p50 and p99;
 3. both at once: the bulk job's goodput and refusals, the interactive texts' p50 and p99.
-Targets (issue 51): interactive p99 in 3 at most 3x its p99 in 2; bulk goodput in 3 at least 90% of 1; no bulk
+Targets: interactive p99 in 3 at most 3x its p99 in 2; bulk goodput in 3 at least 90% of 1; no bulk
 request refused. Every answer's status is counted, errors included, in every phase.
 """
 

@@ -116,6 +116,7 @@ class ClientsShape:
 
 SHAPES: dict[str, ClientsShape] = {
     "lean": ClientsShape("lean", (24, 24), 10, 32),  # short texts, lean clients out of the stack's way
+    "lean-normal": ClientsShape("lean", (24, 24), 0, 32),  # the same at the stack's priority
     "pooled": ClientsShape("pooled", (200, 450), 0, 8),  # a user's asyncio load test of long texts
     "pooled-niced": ClientsShape("pooled", (200, 450), 19, 8),  # the same, the stack first on the CPU
 }
@@ -410,8 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--retry", default="honour", help="honour, ignore, or both: honour,ignore")
     parser.add_argument("--shapes", default="lean", help=f"the clients' shapes, of {', '.join(SHAPES)}: "
-                        "lean (short texts, raw connections, nice 10), pooled (one httpx pool, 200-450 words, "
-                        "nice 0), pooled-niced (the same at nice 19)")
+                        "lean (short texts, raw connections, nice 10), lean-normal (the same at nice 0), pooled (one "
+                        "httpx pool, 200-450 words, nice 0), pooled-niced (the same at nice 19)")
     parser.add_argument("--texts", type=int, default=128)
     parser.add_argument("--words", default="", help="words per text, N or MIN-MAX (default: the shape's)")
     parser.add_argument("--nice", type=int, default=None, help="the client process's nice (default: the shape's)")

@@ -440,3 +440,20 @@ async def test_the_backlog_counts_queued_batch_work_out_of_an_interactive_reques
     step.gate.set()
     await asyncio.gather(running, bulk)
     assert backlog.pending == backlog.queued_batch == backlog.queued_batch_rows == 0
+
+
+@pytest.mark.parametrize(("on_gpu", "instances", "workers", "setting", "expected"), [
+    (True, 4, 1, "auto", 8),  # a GPU instance keeps a batch ready behind the one it runs
+    (True, 4, 8, "auto", 1),  # shared by the workers, at least 1 each
+    (False, 1, 1, "auto", 1),  # a CPU instance: one, and the texts behind it form the next batch
+    (False, 2, 1, "3", 6),  # a number is per instance on any device
+])
+def test_batches_in_flight_follow_the_device_and_the_instances(on_gpu: bool, instances: int, workers: int,
+                                                               setting: str, expected: int) -> None:
+    from gateway.service.inference.pipeline import batches_in_flight
+    from gateway.service.registry import Endpoint
+    from gateway.settings import GatewaySettings
+
+    endpoint = Endpoint("m_ensemble", "onnx", 8, step_model="m_onnx", step_on_gpu=on_gpu, step_instances=instances)
+    settings = GatewaySettings(max_batches_in_flight=setting, workers=workers)  # type: ignore[arg-type]
+    assert batches_in_flight(settings, endpoint) == expected

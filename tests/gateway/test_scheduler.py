@@ -166,4 +166,4 @@ async def test_batches_in_flight_follow_the_instances_triton_runs(python_reposit
                 endpoint = model.endpoint(None)
                 assert endpoint.step_instances == instances
                 seen[instances] = app.state.runtime.inference.scheduled.pipelines[endpoint.step_model].scheduler.policy.max_in_flight
-    assert seen == {1: 2, 3: 6}  # the default of 2 per instance, one worker
+    assert seen == {1: 1, 3: 3}  # `auto` on a CPU step: 1 per instance, one worker

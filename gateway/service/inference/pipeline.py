@@ -110,11 +110,15 @@ def token_input_unsupported(model: ServedModel) -> GatewayError:
                    "(GATEWAY_REPOSITORY); send text", type=ErrorType.TOKEN_INPUT_UNSUPPORTED)
 
 
+AUTO_BATCHES_IN_FLIGHT = {"GPU": 2, "CPU": 1}  # per instance: GATEWAY_MAX_BATCHES_IN_FLIGHT=auto
+
+
 def batches_in_flight(settings: GatewaySettings, endpoint: Endpoint) -> int:
     """Batches one worker keeps in flight to a step: GATEWAY_MAX_BATCHES_IN_FLIGHT per instance Triton runs of
-    the step, shared by the gateway's workers, so that each instance has a batch queued behind the one it runs
-    whatever the worker count."""
+    the step (`auto`: by the step's device), shared by the gateway's workers whatever their count."""
     per_instance = settings.max_batches_in_flight
+    if per_instance == "auto":
+        per_instance = AUTO_BATCHES_IN_FLIGHT["GPU" if endpoint.step_on_gpu else "CPU"]
     return max(1, math.ceil(per_instance * endpoint.step_instances / settings.worker_count))
 
 
