@@ -86,9 +86,10 @@ class GatewaySettings(BaseSettings):
         "expected time until that work is done). A request's own size never counts.",
     )
     shed_pause_s: float = Field(
-        1.0, ge=0, description="While a model sheds load, a refused request is answered after this pause (at most "
-        "the expected wait; Retry-After says the rest), and so is a 429 over GATEWAY_MAX_IN_FLIGHT (at most 1 s), "
-        "so that clients retrying at once cannot take the CPU the admitted work needs; 0 = answer at once.",
+        1.0, ge=0, description="While a model sheds load, a request it would refuse is held up to this pause "
+        "and admitted as soon as work leaving makes room for it; else refused then "
+        "(Retry-After: the wait left). A 429 over GATEWAY_MAX_IN_FLIGHT is answered after the pause too (at most "
+        "1 s). Clients retrying at once cannot take the CPU the admitted work needs; 0 = answer at once.",
     )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(

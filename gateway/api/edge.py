@@ -8,7 +8,8 @@
     5. body limit   413 by Content-Length before the body is read, or once it grows past the limit
     6. in flight    a paced 429 over GATEWAY_MAX_IN_FLIGHT (probes always pass)
     7. body         read whole within GATEWAY_BODY_TIMEOUT_S, else 408
-    8. shedding     a paced 503 for a model that sheds load, before the body is validated or tokenized
+    8. shedding     for a model that sheds load, before the body is validated or tokenized: the request held
+                    until there is room for it, or a paced 503
     9. route        the route's JSON check, parse and validation, then its handler (api/route_table.py);
                     a request for no route of the table goes to FastAPI's router (docs, probes, admin, 404s)
    10. response     under /tei/, errors in TEI's shape (api/tei_errors.py)
@@ -331,22 +332,20 @@ class Edge:
                                f"{self.body_timeout_s:g}s") from None
 
     async def _shedding_refusal(self, request: Incoming, route: EdgeRoute, body: bytes) -> GatewayError | None:
-        """The refusal of a request for a model that sheds load, answered after the pause (GATEWAY_SHED_PAUSE_S, at
-        most the expected wait: a client that retries at once sends one request per pause, so a retry storm cannot
-        take the CPU the admitted work needs); None when the request goes on (the service checks it again)."""
+        """The refusal of a request for a model that sheds load, answered once the request has been held for the
+        pause (GATEWAY_SHED_PAUSE_S) without room for it: a client that retries at once
+        sends one request per pause, so a retry storm cannot take the CPU the admitted work needs, and work that
+        leaves meanwhile admits held requests. None when the request goes on (the service checks it again)."""
         fields = _shedding_fields(body)
         if fields is None:
             return None
         model = route.path_model(request.path) or fields[0]
         try:
-            self.app.state.runtime.check_admission(model, route.task or None, fields[1], request.state["deadline"],
-                                                   request.state["urgency"])
+            await self.app.state.runtime.await_admission(model, route.task or None, fields[1],
+                                                         request.state["deadline"], request.state["urgency"],
+                                                         hold_s=self.shed_pause_s)
         except GatewayError as exc:
             request.state["model"] = model or ""
-            pause = min(self.shed_pause_s, exc.retry_after_s or 0.0)
-            if pause > 0:
-                await asyncio.sleep(pause)
-                exc.retry_after_s = (exc.retry_after_s or 0.0) - pause
             return exc
         return None
 

@@ -135,18 +135,20 @@ class Runtime:
         await self.refresh()
         return self.registry.resolve_any(name)
 
-    def check_admission(self, name: str | None, task: Task | None, backend: Backend | None, deadline: float,
-                        urgency: Urgency = INTERACTIVE) -> None:
-        """Raise `overloaded` when the model a request names (of `task`; None: any task) is shedding and
-        would refuse it now (the check service/admission.py makes, before anything is parsed or
-        tokenized); nothing when the model or backend is unknown here (the route answers that)."""
+    async def await_admission(self, name: str | None, task: Task | None, backend: Backend | None, deadline: float,
+                              urgency: Urgency = INTERACTIVE, hold_s: float = 0.0) -> None:
+        """Raise `overloaded` when the model a request names (of `task`; None: any task) is shedding and would
+        not admit it (the check service/admission.py makes, before anything is parsed or tokenized) within
+        `hold_s` (and its deadline): each time work leaves the model, the request is checked again, so that a
+        request refused at a burst's peak is served by the room the burst leaves, not sent back to retry.
+        Nothing when the model or backend is unknown here (the route answers that)."""
         try:
             model = self.registry.resolve(name, task) if task else self.registry.resolve_any(name)
             backlog = self.inference.backlog_of(model, backend)
         except GatewayError:
             return
         if backlog is not None and backlog.shedding:
-            backlog.check(deadline, urgency)
+            await backlog.wait_for_room(deadline, urgency, hold_s)
 
     async def probe(self, models: list[ServedModel] | None = None) -> dict[str, str]:
         """Run a one-token request through every served model (or `models`): `ok` or what failed, by name. A

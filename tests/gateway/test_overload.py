@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -188,27 +189,31 @@ PATIENT = {"X-Request-Timeout": "120"}
 
 
 @pytest.mark.anyio
-async def test_a_request_with_its_own_long_deadline_waits_where_the_default_is_refused(
+async def test_behind_work_over_the_bound_a_patient_request_is_admitted_a_default_one_held_a_hurried_one_refused(
     storm_triton: TritonServer, storm_repository: Path
 ) -> None:
+    """Behind more work than GATEWAY_MAX_QUEUE_WAIT_S: a request with its own long deadline (X-Request-Timeout) is
+    admitted at once; one with the default deadline is held (up to GATEWAY_SHED_PAUSE_S) and admitted once the work
+    ahead has left room for it, instead of being sent back to retry; one whose deadline comes first is refused."""
     texts = fixed_length_corpus(24, size=1024)
     async with running_gateway(storm_triton.grpc_url, triton_http_url=storm_triton.http_address,
-                               repository=str(storm_repository), max_queue_wait_s=0.3,
+                               repository=str(storm_repository), max_queue_wait_s=0.3, shed_pause_s=30,
                                max_batches_in_flight=1) as (app, client):
-        # 32 batches of 32: the first MIN_CALLS of them teach the cost, the rest are the work ahead
         load = asyncio.create_task(client.post("/embed", json=embed_body(texts), headers=PATIENT))
         backlog = app.state.runtime.inference.backlog_of(app.state.runtime.registry.resolve(MODEL, "embed"))
         await until(lambda: backlog.service.known or load.done(), "the cost learned")
-        refused = patient = None
-        while refused is None and not load.done():  # until the work ahead is over the server's bound
-            answer = await client.post("/embed", json=embed_body(texts[:1]))
-            if answer.status_code == 503:
-                refused = answer
-                # the same request, saying it will wait: admitted behind the same work
-                patient = await client.post("/embed", json=embed_body(texts[:1]), headers=PATIENT)
-        assert refused is not None and patient is not None, "the work ahead never refused a request"
-        assert refused.json()["error"]["type"] == "overloaded" and "X-Request-Timeout" in refused.json()["error"]["message"]
+        ahead = backlog.wait_s("interactive")
+        assert ahead > 0.3 and not load.done(), "the work ahead is not over the bound"
+
+        async def post(headers: dict[str, str]) -> httpx.Response:
+            return await client.post("/embed", json=embed_body(texts[:1]), headers=headers)
+
+        patient, held, hurried = await asyncio.gather(post(PATIENT), post({}), post({"X-Request-Timeout": "0.2"}))
         assert patient.status_code == 200, patient.text
+        assert held.status_code == 200, (ahead, held.text)
+        error = hurried.json()["error"]
+        assert hurried.status_code == 503 and error["type"] == "overloaded", hurried.text
+        assert "X-Request-Timeout" in error["message"]
         assert (await load).status_code == 200
 
 

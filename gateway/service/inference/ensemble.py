@@ -73,7 +73,8 @@ class EnsemblePipeline:
             encoded_here = await tokenizer.encode(texts, pairs, inputs.direction)
             check_lengths(model, encoded_here.num_tokens, truncate)
         backlog, limit = self._admission(endpoint)
-        backlog.check(deadline, inputs.urgency)  # Triton's ensembles have no lanes: the deadline is what counts here
+        # Triton's ensembles have no lanes: the deadline is what counts here
+        await backlog.wait_for_room(deadline, inputs.urgency, self.settings.shed_pause_s)
         size = endpoint.max_batch_size
         backlog.add(len(texts), calls=math.ceil(len(texts) / size))
         encoded = [t.encode() for t in texts]  # the API admits valid Unicode only

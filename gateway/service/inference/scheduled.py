@@ -93,7 +93,8 @@ class ScheduledPipeline:
         chars = _characters(inputs)
         guess = backlog.guess_units(chars)
         urgency, lane = inputs.urgency, inputs.urgency.lane
-        backlog.admit(guess, deadline, rows=len(inputs), urgency=urgency)  # before tokenizing: a refusal costs little
+        # before tokenizing: a refusal costs little
+        await backlog.admit(guess, deadline, rows=len(inputs), urgency=urgency, hold_s=self.settings.shed_pause_s)
         try:
             start = time.perf_counter()
             with tracing.span("tokenize"):
