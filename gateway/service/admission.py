@@ -22,7 +22,8 @@ invisible to the requests behind it), and corrected once it is tokenized.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import bisect
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -166,7 +167,8 @@ class Backlog:
         self.call_latency_s = 0.0  # moving average of a call's wall time (queueing in Triton included)
         self.units_per_char = 0.3  # tokens per character of text, learned: sizes a request before it is tokenized
         self._shedding = False  # the last check refused a request; cleared when one is admitted
-        self._left: asyncio.Future[None] | None = None  # resolved when work next leaves (`work_left`)
+        self._held: list[tuple[int, asyncio.Future[None]]] = []  # requests held for room, by arrival (`wait_for_room`)
+        self._arrivals = itertools.count()
 
     @property
     def shedding(self) -> bool:
@@ -224,9 +226,11 @@ class Backlog:
 
     async def wait_for_room(self, deadline: float, urgency: Urgency = INTERACTIVE, hold_s: float = 0.0) -> None:
         """`check`, holding a request it refuses up to `hold_s` (and its deadline): each time work leaves, the
-        request is checked again, so that a request refused at a burst's peak is served by the room the burst
-        leaves instead of being sent back to retry. Raises the last refusal when the hold ends without room."""
+        held requests are checked again, the latest first, so that a request refused at a burst's peak is served
+        by the room the burst leaves instead of being sent back to retry, and a request that arrives once a storm
+        has passed is not served after the storm's own. Raises the last refusal when the hold ends without room."""
         until: float | None = None
+        arrival = next(self._arrivals)
         while True:
             try:
                 self.check(deadline, urgency)
@@ -236,8 +240,16 @@ class Backlog:
                 until = min(now + hold_s, deadline) if until is None else until
                 if now >= until:
                     raise
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.work_left()), until - now)
+            woken = asyncio.get_running_loop().create_future()
+            entry = (arrival, woken)
+            bisect.insort(self._held, entry, key=lambda held: held[0])
+            try:
+                await asyncio.wait_for(woken, until - now)
+            except TimeoutError:
+                pass
+            finally:
+                if entry in self._held:  # not woken: the hold ended, or the caller left
+                    self._held.remove(entry)
 
     def guess_units(self, chars: int) -> int:
         """What a text of `chars` characters is likely to bring, before it is tokenized."""
@@ -285,20 +297,16 @@ class Backlog:
         self.service.observe(units, self.clock.stop(mark))
         self.done(units, rows, 1 if self.call_units is None else 0)
 
-    def work_left(self) -> asyncio.Future[None]:
-        """A future resolved the next time work leaves this backlog (served, failed or given up)."""
-        if self._left is None or self._left.done():
-            self._left = asyncio.get_running_loop().create_future()
-        return self._left
-
     def done(self, units: int, rows: int = 0, calls: int = 0, queued_in: Lane | None = None) -> None:
         """Work that left without a measurement (served elsewhere, failed, or its caller gave up; `queued_in`: the
         lane of rows that left while queued)."""
-        if self._left is not None and not self._left.done():
-            self._left.set_result(None)
         self.pending -= units
         self.pending_rows -= rows
         self.pending_calls -= calls
         if queued_in == "batch":
             self.queued_batch -= units
             self.queued_batch_rows -= rows
+        held, self._held = self._held, []
+        for _, woken in reversed(held):  # the latest first: their checks run in this order
+            if not woken.done():
+                woken.set_result(None)

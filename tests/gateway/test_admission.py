@@ -141,3 +141,32 @@ async def test_the_in_flight_bound_serves_in_arrival_order_and_lets_leavers_go()
     limit.release(4)
     await small
     assert order == ["big", "small"] and limit.used == 1 and limit.waiting == 0
+
+
+@pytest.mark.anyio
+async def test_held_requests_are_admitted_as_work_leaves_the_latest_first() -> None:
+    """A request the work ahead refuses is held and checked again each time work leaves; the latest held request
+    is checked first, and a hold that ends without room is the refusal."""
+    backlog = Backlog("m", "tokens", max_wait_s=1.0, call_units=1000, call_rows=10)
+    for _ in range(MIN_CALLS):
+        backlog.service.observe(1000, 1.0)  # 1 ms a token
+    backlog.add(3000, 3)  # 3 s ahead: over the 1 s a request may wait
+    admitted: list[str] = []
+
+    async def request(name: str, hold_s: float) -> None:
+        await backlog.admit(500, time.monotonic() + 60, rows=1, hold_s=hold_s)
+        admitted.append(name)
+
+    first = asyncio.create_task(request("first", 60))
+    await until(lambda: len(backlog._held) == 1, "the first held")
+    second = asyncio.create_task(request("second", 60))
+    await until(lambda: len(backlog._held) == 2, "the second held")
+    with pytest.raises(GatewayError) as refused:
+        await backlog.admit(500, time.monotonic() + 60, rows=1, hold_s=0.0)  # not held: refused at once
+    assert refused.value.kind is ErrorKind.OVERLOADED
+    backlog.done(2000, 2)  # 1 s ahead: room for one
+    await until(lambda: admitted == ["second"], "the latest held request admitted")
+    assert len(backlog._held) == 1  # the first: 1.5 s ahead now
+    backlog.done(1000, 1)
+    await until(lambda: admitted == ["second", "first"], "the first admitted")
+    await asyncio.gather(first, second)
