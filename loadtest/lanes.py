@@ -1,6 +1,6 @@
 """Benchmark of the priority lanes: a bulk job beside interactive traffic, on one stack.
 
-    python -m loadtest lanes --repository DIR --model NAME [--device cpu|gpu] [--seconds 15] [--bulk-clients 8]
+    python -m loadtest lanes --repository DIR --model NAME [--seconds 15] [--bulk-clients 8]
         [--bulk-texts 64] [--share 0.1] [--name NAME] [--out DIR] [--table PATH|none]
 
 Starts tritonserver on the repository and the gateway with its shipped defaults (devstack), then three phases of
