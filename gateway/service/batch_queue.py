@@ -26,15 +26,13 @@ QUEUED, BATCHED, DROPPED = 0, 1, 2
 class Batch:
     """One batch in flight, as its callers see it."""
 
-    __slots__ = ("bulk", "express", "live", "served", "released", "task")
+    __slots__ = ("live", "served", "released", "task")
 
-    def __init__(self, live: int, bulk: bool = False, express: bool = False) -> None:
+    def __init__(self, live: int) -> None:
         self.task: asyncio.Task[None] | None = None
         self.live = live  # callers of this batch still waiting
         self.served = False  # its tokens left the backlog as served
         self.released = False  # its in-flight slot is free again
-        self.bulk = bulk  # it carries rows of the batch lane
-        self.express = express  # interactive rows only, on the slot kept for them while bulk work holds the others
 
 
 class Row:

@@ -89,9 +89,7 @@ class BatchScheduler:
         self._metrics = metrics
         self._lanes = {lane: LaneQueue(policy.shapes) for lane in LANES}  # interactive first, then batch
         self._seq = itertools.count()
-        self._in_flight = 0  # batches on the regular slots
-        self._express = False  # a batch on the express slot
-        self._bulk_in_flight = 0  # batches in flight that carry batch-lane rows
+        self._in_flight = 0
         self.backlog = Backlog(name, "tokens", policy.max_queue_wait_s, call_units=policy.max_tokens,
                                call_rows=policy.max_rows, call_cost_units=policy.call_cost_tokens)  # queued, running
         self._tasks: set[asyncio.Task[None]] = set()
@@ -131,56 +129,36 @@ class BatchScheduler:
         self.backlog.done(sum(row.length for row in rows), len(rows), queued_in=lane)
 
     def _dispatch(self) -> bool:
-        """Send batches while the in-flight limit allows and rows are queued; whether any left. While batch-lane
-        work holds a slot and every slot is taken, interactive rows go on one more slot of their own (express)
-        instead of waiting for bulk work to come back."""
+        """Send batches while the in-flight limit allows and rows are queued; whether any left."""
         sent = False
         while self._in_flight < self.policy.max_in_flight and self.queued:
             members, rows = self._next_batch()
             if not members:
                 return sent
-            self._send(members, rows, express=False)
             sent = True
-        if self._bulk_in_flight and not self._express and self._lanes["interactive"].queued:
-            members, rows = self._next_batch(express=True)
-            if members:
-                self._send(members, rows, express=True)
-                sent = True
+            self._in_flight += 1
+            tokens = sum(row.length for row in members)
+            callers = {id(row.caller): row.caller for row in members}.values()
+            batch = Batch(len(callers))
+            for caller in callers:
+                caller.batches.append(batch)
+            task = asyncio.get_running_loop().create_task(self._run(members, rows, tokens, batch))
+            batch.task = task
+            self._tasks.add(task)
+            # bookkeeping in a callback, not a `finally`: a task cancelled before it started runs no code
+            task.add_done_callback(functools.partial(self._batch_done, batch=members, tokens=tokens, handle=batch))
         return sent
 
-    def _send(self, members: list[Row], rows: int, express: bool) -> None:
-        """Run one batch on a slot: a regular one, or the express one."""
-        bulk = any(row.lane == "batch" for row in members)
-        if express:
-            self._express = True
-        else:
-            self._in_flight += 1
-        self._bulk_in_flight += bulk
-        tokens = sum(row.length for row in members)
-        callers = {id(row.caller): row.caller for row in members}.values()
-        batch = Batch(len(callers), bulk=bulk, express=express)
-        for caller in callers:
-            caller.batches.append(batch)
-        task = asyncio.get_running_loop().create_task(self._run(members, rows, tokens, batch))
-        batch.task = task
-        self._tasks.add(task)
-        # bookkeeping in a callback, not a `finally`: a task cancelled before it started runs no code
-        task.add_done_callback(functools.partial(self._batch_done, batch=members, tokens=tokens, handle=batch))
-
-    def _next_batch(self, express: bool = False) -> tuple[list[Row], int]:
+    def _next_batch(self) -> tuple[list[Row], int]:
         """Take the next batch out of the queues, and the row count it runs with (padded: a declared one, dummy
         rows fill the rest; packed: its own). The interactive lane leads, and the batch lane fills the room it
-        leaves; a batch-lane row whose deadline is near leads instead. `express`: interactive rows only."""
+        leaves; a batch-lane row whose deadline is near leads instead."""
         now = time.monotonic()
         latest = now + self.backlog.call_latency_s
         interactive, bulk = self._lanes["interactive"], self._lanes["batch"]
         due = now + max(DUE_CALLS * self.backlog.call_latency_s, DUE_S)
         head = self._head(bulk, latest)
-        lanes: tuple[LaneQueue, ...] = (interactive, bulk)
-        if express:
-            lanes = (interactive,)
-        elif head is not None and head.caller.deadline <= due:
-            lanes = (bulk, interactive)
+        lanes = (bulk, interactive) if head is not None and head.caller.deadline <= due else (interactive, bulk)
         if self.policy.layout == "packed":
             batch: list[Row] = []
             for lane in lanes:
@@ -230,7 +208,7 @@ class BatchScheduler:
             batch.append(row)
             tokens += row.length
 
-    def _take_planned(self, lanes: tuple[LaneQueue, ...], latest: float) -> tuple[list[Row], int]:
+    def _take_planned(self, lanes: tuple[LaneQueue, LaneQueue], latest: float) -> tuple[list[Row], int]:
         """Padded layout: the batch around the oldest live row of the leading lane, grown with its rows and then
         the other lane's, and the row count it runs with."""
         lead = next((row for row in (self._head(lane, latest) for lane in lanes) if row is not None), None)
@@ -329,11 +307,7 @@ class BatchScheduler:
         if handle.released:
             return False
         handle.released = True
-        if handle.express:
-            self._express = False
-        else:
-            self._in_flight -= 1
-        self._bulk_in_flight -= handle.bulk
+        self._in_flight -= 1
         return self._dispatch()
 
     def _batch_done(self, task: asyncio.Task[None], batch: list[Row], tokens: int, handle: Batch) -> None:

@@ -457,35 +457,3 @@ def test_batches_in_flight_follow_the_device_and_the_instances(on_gpu: bool, ins
     endpoint = Endpoint("m_ensemble", "onnx", 8, step_model="m_onnx", step_on_gpu=on_gpu, step_instances=instances)
     settings = GatewaySettings(max_batches_in_flight=setting, workers=workers)  # type: ignore[arg-type]
     assert batches_in_flight(settings, endpoint) == expected
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("layout", ["padded", "packed"])
-async def test_while_bulk_work_holds_every_slot_interactive_rows_go_on_the_express_slot(layout: str) -> None:
-    step, scheduler = held_scheduler(max_rows=4, layout=layout)  # one regular slot
-    bulk = asyncio.ensure_future(scheduler.submit(encoded(*[20] * 4), later(), lane="batch"))
-    await until(lambda: len(step.batches) == 1)  # the bulk batch holds the slot
-    more_bulk = asyncio.ensure_future(scheduler.submit(encoded(21), later(), lane="batch"))
-    quick = asyncio.ensure_future(scheduler.submit(encoded(30), later()))
-    await until(lambda: len(step.batches) == 2)  # sent at once, beside the bulk batch
-    later_quick = asyncio.ensure_future(scheduler.submit(encoded(31), later()))
-    await until(lambda: scheduler.queued == 2)  # the express slot is taken: it waits, as does the bulk row
-    assert len(step.batches) == 2
-    step.gate.set()
-    await asyncio.gather(bulk, more_bulk, quick, later_quick)
-    lengths = [sorted(int(x) for x in (np.diff(c[CU_SEQLENS][0]) if layout == "packed" else c[ATTENTION_MASK].sum(1)))
-               for c in step.calls]
-    assert lengths[0] == [20] * 4 and lengths[1] == [30], lengths
-    assert sorted(sum(lengths[2:], [])) == [21, 31]
-
-
-@pytest.mark.anyio
-async def test_interactive_work_alone_gets_no_express_slot() -> None:
-    step, scheduler = held_scheduler(max_rows=4, layout="packed")
-    first = asyncio.ensure_future(scheduler.submit(encoded(10), later()))
-    await until(lambda: len(step.batches) == 1)
-    second = asyncio.ensure_future(scheduler.submit(encoded(11), later()))
-    await until(lambda: scheduler.queued == 1)
-    assert len(step.batches) == 1  # behind interactive work it waits for the slot, as ever
-    step.gate.set()
-    await asyncio.gather(first, second)

@@ -49,11 +49,6 @@ def batch_policy(settings: GatewaySettings, model: ServedModel, endpoint: Endpoi
     )
 
 
-def pool_regions(policy: BatchPolicy) -> int:
-    """Shared-memory regions of a step's pool: one per batch in flight, the express slot's, and one more."""
-    return policy.max_in_flight + 2
-
-
 def input_sizes(policy: BatchPolicy, max_seq_len: int) -> dict[str, int]:
     """Bytes of each input of the largest batch `policy` forms."""
     if policy.layout == "packed":

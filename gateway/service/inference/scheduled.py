@@ -20,7 +20,7 @@ from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
 from gateway.service.inference.pipeline import BatchResult, Inputs, check_lengths, endpoint_setup
-from gateway.service.inference.planning import batch_policy, input_sizes, pool_regions, token_shape
+from gateway.service.inference.planning import batch_policy, input_sizes, token_shape
 from gateway.service.registry import Endpoint, ServedModel
 from gateway.service.scheduler import BatchScheduler
 from gateway.service.tokenization import TokenizerQueue, TokenizerUnavailable, load_encoder
@@ -209,7 +209,7 @@ class ScheduledPipeline:
             sizes = input_sizes(policy, model.max_seq_len)
             tokens = sizes[INPUT_IDS] // 4
             sizes[output] = tokens * max(dim, 1) * 4
-            await self.client.pools.ensure(pool, sizes, pool_regions(policy))
+            await self.client.pools.ensure(pool, sizes, policy.max_in_flight + 1)
         except GatewayError:  # Triton unavailable: made again, pool included, on the next request
             if self.token_pipelines.get(key) is pipeline:
                 del self.token_pipelines[key]
@@ -224,7 +224,7 @@ class ScheduledPipeline:
         policy = self.pipelines[endpoint.step_model].scheduler.policy
         sizes = input_sizes(policy, model.max_seq_len)
         sizes[model.output_name] = policy.max_rows * model.output_width * 4
-        await self.client.pools.ensure(endpoint.step_model, sizes, pool_regions(policy))
+        await self.client.pools.ensure(endpoint.step_model, sizes, policy.max_in_flight + 1)
 
     async def close(self) -> None:
         await asyncio.gather(*self._retiring, return_exceptions=True)
