@@ -10,7 +10,8 @@ texts is not mistaken for a per-token cost.
 
 A request is refused (`overloaded`, 503, Retry-After = when the work ahead should be done) when
 the work ahead of it would take longer than 80% of its remaining deadline, and, unless the client chose that
-deadline itself (X-Request-Timeout: a bulk job that would gladly wait), longer than `max_wait_s`. The work
+deadline itself (X-Request-Timeout: a bulk job that would gladly wait), longer than `max_wait_s`; with a hold
+(`wait_for_room`, GATEWAY_SHED_PAUSE_S) the refusal comes only when no room appeared while the request was held. The work
 ahead of an interactive request is what it cannot overtake: everything but the batch lane's queued rows
 (service/batch_queue.py). Its own size never counts: an idle model admits any request within the request limits, and so does a
 model whose cost is not measured yet (fewer than MIN_CALLS calls). The check needs no
