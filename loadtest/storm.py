@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import numpy as np
 import orjson
 
@@ -157,12 +158,10 @@ def _embedding(data: bytes) -> np.ndarray:
 class PooledPoster:
     """POSTs through one httpx client (a pool of POOL_CONNECTIONS connections), as `Connection.post` answers."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: httpx.AsyncClient) -> None:
         self.client = client
 
     async def post(self, path: str, body: bytes) -> Answer:
-        import httpx
-
         try:
             answer = await self.client.post(path, content=body, headers={"content-type": "application/json"})
         except httpx.HTTPError as error:
@@ -195,8 +194,6 @@ async def _requests(connection: Connection | PooledPoster, s: StormSettings, che
 
 
 async def _phase(base_url: str, s: StormSettings, clients: int, seconds: float, check: Checker, seed: int) -> Phase:
-    import httpx
-
     phase = Phase()
     if s.client == "pooled":
         limits = httpx.Limits(max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS)
