@@ -1,7 +1,7 @@
 """Orchestration: plan every request, skip unchanged models, build the rest into staging, publish them together.
 
-One model's build reads export -> ONNX graph -> parity -> TensorRT engine -> repository entries; a failed parity
-check publishes nothing."""
+One model's build reads export -> ONNX graph -> parity -> int8 calibration (embed) -> TensorRT engine -> repository
+entries; a failed parity check publishes nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder import tensorrt_engine
+from builder.calibration import calibrate
 from builder.checks import check_names
 from builder.entries import write_ensembles, write_onnx_step, write_tokenizer_entry, write_trt_step
 from builder.exporting import export_model
@@ -46,12 +47,15 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
     export = export_model(planned, staging, log)
     facts = OnnxFacts()
     results: list[ParityResult] = []
+    graph, published = export.raw_path, False  # what calibrates the int8 ranges: the published graph where built
     if "onnx" in entries:
         onnx_dir = staging / entries["onnx"]
-        onnx_path = onnx_dir / "1" / "model.onnx"
-        facts = write_onnx_graph(s, export, onnx_path, log)
-        results += onnx_parity(s, onnx_path, facts.precision, export.inputs, export.references, export.directory, log)
+        graph, published = onnx_dir / "1" / "model.onnx", True
+        facts = write_onnx_graph(s, export, graph, log)
+        results += onnx_parity(s, graph, facts.precision, export.inputs, export.references, export.directory, log)
         write_onnx_step(planned, onnx_dir, export, facts)
+    ranges = calibrate(s, planned.source.tokenizer, graph, published, export.width, export.directory, log) if (
+        s.task == "embed") else {}
     if "trt" in entries:
         trt_dir = staging / entries["trt"]
         write_trt_step(planned, trt_dir, export)
@@ -65,7 +69,7 @@ def build_one(planned: PlannedBuild, staging: Path, log: Log) -> tuple[list[Pari
         if not s.skip_parity:
             check(results[-1], s.name, log)
     shutil.rmtree(export.directory)
-    write_ensembles(s, staging, entries, export.width)
+    write_ensembles(s, staging, entries, export.width, ranges)
     return results, facts
 
 

@@ -36,10 +36,12 @@ def check_model(model: str) -> Path | None:
 
 def check_task_options(request: BuildRequest, task: Task) -> None:
     """Options that belong to another task are errors, not silently ignored."""
-    embed_only = {"--matryoshka-dims": request.matryoshka_dims}
+    embed_only = {"--matryoshka-dims": request.matryoshka_dims, "--calibration-texts": request.calibration_texts}
     for option, value in embed_only.items():
         if value is not None and task != "embed":
             raise UsageError(f"{request.name}: {option} is for --task embed only, not {task}")
+    if request.calibration_texts is not None and not Path(request.calibration_texts).expanduser().is_file():
+        raise UsageError(f"{request.name}: --calibration-texts {request.calibration_texts}: no such file")
     for option, given in {"--prompt": request.prompts, "--default-prompt-name": request.default_prompt_name}.items():
         if given is not None and task not in ("embed", "sparse-embed"):
             raise UsageError(f"{request.name}: {option} is for --task embed or sparse-embed only, not {task}")

@@ -49,6 +49,9 @@ _MODEL_OPTIONS: dict[str, dict[str, Any]] = {
                             "config_sentence_transformers.json)"},
     "matryoshka_dims": {"help": "embed: comma list of dimensions requests may truncate to (default "
                         "config.matryoshka_dimensions)"},
+    "calibration_texts": {"metavar": "FILE",
+                          "help": "embed: UTF-8 texts, one per line, that calibrate the int8/uint8 ranges served by "
+                                  "the gateway (default: the builder's multilingual set, builder/calibration_texts.txt)"},
     "length_buckets": {"help": "tokenizer padding buckets (default 16,32,64,128,256,512); one bucket = max-seq-len pads all"},
     "max_queue_delay_us": {"type": int, "help": "dynamic batcher queue delay of every model in microseconds "
                            "(default: 100 for the tokenizer, 0 for model steps)"},
@@ -220,7 +223,7 @@ def _serve(args: argparse.Namespace) -> int:
     from google.protobuf import text_format
 
     from builder.configs import read_config
-    from builder.versions import check_servable, set_policy
+    from builder.versions import check_servable, set_policy, set_version_ranges
     from contract import entry_names
 
     entries = [args.repository / n for n in entry_names(args.name) if (args.repository / n / "config.pbtxt").is_file()]
@@ -235,6 +238,7 @@ def _serve(args: argparse.Namespace) -> int:
     for entry in entries:
         config = read_config(entry / "config.pbtxt")
         set_policy(config, args.version)
+        set_version_ranges(config, entry, args.version)
         staged = entry / ".config.pbtxt.new"
         staged.write_text(text_format.MessageToString(config))
         os.replace(staged, entry / "config.pbtxt")

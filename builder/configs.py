@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from contract import (
     step_model,
     tokenizer_model,
 )
+from contract.ranges import encode_ranges
 
 
 def model_names(name: str, formats: Sequence[Format]) -> dict[str, str]:
@@ -169,7 +170,8 @@ def trt_config(settings: ResolvedSettings, width: int, token_dims: dict[str, lis
     return config
 
 
-def ensemble_config(settings: ResolvedSettings, fmt: Format, width: int) -> mc.ModelConfig:
+def ensemble_config(settings: ResolvedSettings, fmt: Format, width: int,
+                    ranges: Mapping[int, np.ndarray] | None = None) -> mc.ModelConfig:
     """text (+ text_pair) -> tokenizer -> step model, with the contract's parameters for the gateway."""
     names = model_names(settings.name, [fmt])
     output = settings.output_name
@@ -189,7 +191,7 @@ def ensemble_config(settings: ResolvedSettings, fmt: Format, width: int) -> mc.M
     for name in TOKEN_INPUTS:
         step.input_map[name] = f"_{name}"
     step.output_map[output] = output
-    _set_parameters(config, ensemble_parameters(settings, fmt, width))
+    _set_parameters(config, ensemble_parameters(settings, fmt, width, ranges))
     return config
 
 
@@ -197,8 +199,10 @@ def _flag(value: bool) -> str:
     return "true" if value else "false"
 
 
-def ensemble_parameters(settings: ResolvedSettings, fmt: Format, width: int) -> dict[str, str]:
-    """What the gateway reads (docs/contract.md): common keys, then the task's own."""
+def ensemble_parameters(settings: ResolvedSettings, fmt: Format, width: int,
+                        ranges: Mapping[int, np.ndarray] | None = None) -> dict[str, str]:
+    """What the gateway reads (docs/contract.md): common keys, then the task's own (`ranges`: an embedder's
+    calibrated int8 ranges by width)."""
     params = {
         Param.TASK: settings.task,
         Param.MODEL_NAME: settings.name,
@@ -227,6 +231,8 @@ def ensemble_parameters(settings: ResolvedSettings, fmt: Format, width: int) -> 
             params[Param.DEFAULT_PROMPT] = settings.default_prompt_name
         if settings.matryoshka_dims:
             params[Param.MATRYOSHKA_DIMS] = ",".join(map(str, settings.matryoshka_dims))
+        if ranges:
+            params[Param.QUANTIZATION_RANGES] = encode_ranges(ranges)
         return params
     params[Param.LABELS] = orjson.dumps(settings.labels or []).decode()
     if settings.task == "rerank":

@@ -4,15 +4,26 @@ warm-up samples) and the python runner's files, and the ensembles."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+
+import numpy as np
 
 from builder import configs
 from builder.exporting import Export
 from builder.manifest import OnnxFacts
 from builder.plan import PlannedBuild
 from builder.settings import ResolvedSettings
-from contract import BATCHING_MODULE, LABELS_FILE, PACKING_MODULE, TOKENIZATION_MODULE, TOKENIZER_FILE
+from contract import (
+    BATCHING_MODULE,
+    LABELS_FILE,
+    PACKING_MODULE,
+    QUANTIZATION_RANGES_FILE,
+    TOKENIZATION_MODULE,
+    TOKENIZER_FILE,
+)
+from contract.ranges import encode_ranges
 
 
 def _copy_model_py(module: str, destination: Path) -> None:
@@ -69,10 +80,15 @@ def write_trt_step(planned: PlannedBuild, trt_dir: Path, export: Export) -> None
     configs.write_step_config(trt_dir, configs.trt_config(s, export.width, export.token_dims), s, warmup_ids(planned))
 
 
-def write_ensembles(s: ResolvedSettings, staging: Path, entries: dict[str, str], width: int) -> None:
-    """One ensemble per format, with the labels file of a model that has labels."""
+def write_ensembles(s: ResolvedSettings, staging: Path, entries: dict[str, str], width: int,
+                    ranges: Mapping[int, np.ndarray]) -> None:
+    """One ensemble per format, with the labels file of a model that has labels, and an embedder's calibrated
+    int8 ranges (the config's parameter, and a copy in the version directory: `builder serve` puts back a
+    version's own)."""
     for fmt in s.formats:
         ens_dir = staging / entries[f"{fmt}_ensemble"]
-        configs.write_config(ens_dir, configs.ensemble_config(s, fmt, width))
+        configs.write_config(ens_dir, configs.ensemble_config(s, fmt, width, ranges))
+        if ranges:
+            (ens_dir / "1" / QUANTIZATION_RANGES_FILE).write_text(encode_ranges(ranges))
         if s.labels is not None:
             (ens_dir / LABELS_FILE).write_text("".join(f"{label}\n" for label in s.labels or []))

@@ -14,7 +14,7 @@ from builder.optimize import save_onnx
 from builder.packing import cpu_form
 from builder.parity import ParityResult, check, compare, packed_parity_inputs, real_tokens
 from builder.settings import ResolvedSettings
-from contract import ATTENTION_MASK, CUDA_PROVIDER_OPTIONS
+from contract import ATTENTION_MASK, CUDA_PROVIDER_OPTIONS, Layout
 from contract.packing import PackedRows
 
 
@@ -51,29 +51,41 @@ def _cuda(runtime: str) -> tuple[str, dict[str, str]]:
 def onnx_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str, runtime: str
                  ) -> list[np.ndarray]:
     """The published model's outputs, on the GPU when it is built for one and onnxruntime-gpu is installed."""
-    providers: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
-    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, _cuda(runtime))
-    session = ort.InferenceSession(str(path), providers=providers)
-    return [np.asarray(o) for o in session.run(outputs, inputs)]
+    session, _ = published_session(path, device, runtime, "padded", path.parent)
+    return run_published(session, inputs, outputs, "padded")
 
 
 def packed_outputs(path: Path, inputs: dict[str, np.ndarray], outputs: list[str], device: str, work: Path
                    ) -> tuple[list[np.ndarray], str]:
     """The published packed graph's outputs on the parity inputs (packed on the host; per-token outputs come
-    back [tokens, ...]), and where it ran: on the GPU where built for one and onnxruntime-gpu is installed;
-    else a GPU form runs as its CPU form (the same graph but attention: builder/packing.py), which onnxruntime's
-    CPU provider can run."""
-    rows = packed_parity_inputs(inputs)
-    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
-        session = ort.InferenceSession(str(path), providers=[_cuda("python"), "CPUExecutionProvider"])
-        return _run_packed(session, outputs, rows), "CUDAExecutionProvider"
+    back [tokens, ...]), and where it ran (`published_session`)."""
+    session, ran_on = published_session(path, device, "python", "packed", work)
+    return run_published(session, inputs, outputs, "packed"), ran_on
+
+
+def published_session(path: Path, device: str, runtime: str, layout: Layout, work: Path
+                      ) -> tuple[ort.InferenceSession, str]:
+    """An onnxruntime session of the published graph where it will run, and where that is: on the GPU where built
+    for one and onnxruntime-gpu is installed; else on the CPU, a packed GPU form as its CPU form (the same graph but
+    attention: builder/packing.py), which onnxruntime's CPU provider can run. `work`: a scratch folder."""
+    cuda = device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers()
+    if cuda:
+        runner = "python" if layout == "packed" else runtime
+        return (ort.InferenceSession(str(path), providers=[_cuda(runner), "CPUExecutionProvider"]),
+                "CUDAExecutionProvider")
     ran_on = "CPUExecutionProvider"
-    if device == "gpu":
+    if layout == "packed" and device == "gpu":
         save_onnx(cpu_form(onnx.load(str(path))), work / "cpu_form.onnx")
         path, ran_on = work / "cpu_form.onnx", "CPUExecutionProvider (the GPU form's CPU form: no CUDA here)"
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return _run_packed(session, outputs, rows), ran_on
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), ran_on
+
+
+def run_published(session: ort.InferenceSession, inputs: dict[str, np.ndarray], outputs: list[str], layout: Layout
+                  ) -> list[np.ndarray]:
+    """`outputs` of padded token inputs; a packed graph gets them packed, as its runner feeds it."""
+    if layout == "packed":
+        return _run_packed(session, outputs, packed_parity_inputs(inputs))
+    return [np.asarray(o) for o in session.run(outputs, inputs)]
 
 
 def _run_packed(session: ort.InferenceSession, outputs: list[str], rows: PackedRows) -> list[np.ndarray]:

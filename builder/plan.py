@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import configs, tensorrt_engine
+from builder.calibration import read_texts, texts_digest
 from builder.checks import check_options
 from builder.errors import BuildError
 from builder.logs import Log
@@ -123,6 +124,8 @@ def resolve_settings(request: BuildRequest, source: ModelSource, formats: list[F
         trt_workspace_mib=request.trt_workspace_mib, skip_parity=request.skip_parity,
         pairs=for_task.pairs, normalize=for_task.normalize, prompts=for_task.prompts,
         default_prompt_name=for_task.default_prompt_name, matryoshka_dims=for_task.matryoshka_dims,
+        calibration_texts=request.calibration_texts or "",
+        calibration_sha256=texts_digest(read_texts(request.calibration_texts)) if task == "embed" else "",
         score_label=for_task.score_label, warmup=request.warmup, onnx_accelerator=accelerator,
         onnx_trt_cache=request.onnx_trt_cache if accelerator == "tensorrt" else "",
         splade_pooling=for_task.splade.pooling if for_task.splade else None,

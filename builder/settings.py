@@ -79,6 +79,10 @@ class BuildRequest(BaseModel):
     matryoshka_dims: Annotated[list[int] | None, CommaList] = Field(
         default=None, description="embed: dimensions a request may truncate embeddings to (default: the config's "
         "matryoshka_dimensions)")
+    calibration_texts: str | None = Field(
+        default=None, min_length=1,
+        description="embed: a UTF-8 file of texts, one per line, that calibrate the int8/uint8 ranges (default: the "
+        "builder's multilingual set, builder/calibration_texts.txt)")
     length_buckets: Annotated[list[int], CommaList] = Field(default_factory=lambda: list(DEFAULT_LENGTH_BUCKETS))
     dynamic_batching: bool = True
     max_queue_delay_us: int | None = Field(
@@ -213,6 +217,9 @@ class ResolvedSettings(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict)  # embed
     default_prompt_name: str | None = None  # embed
     matryoshka_dims: list[int] = Field(default_factory=list)  # embed: ascending, ending with the full dim; [] = none
+    # embed: the int8/uint8 calibration set ("" = the builder's default) and its sha256 ("" = not calibrated)
+    calibration_texts: str = ""
+    calibration_sha256: str = ""
     score_label: int | None = None  # rerank: index of the scoring logit
     warmup: bool = True  # model_warmup samples in the tokenizer's and model steps' configs
     onnx_accelerator: OnnxAccelerator = "none"  # onnx step, native runtime: builder/accelerators.py

@@ -16,6 +16,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.errors import UsageError
+from contract import QUANTIZATION_RANGES_FILE, Param
 
 
 def versions(entry: Path) -> list[int]:
@@ -54,6 +55,19 @@ def set_policy(config: mc.ModelConfig, version: int | None) -> None:
         config.version_policy.latest.num_versions = 1
     else:
         config.version_policy.specific.versions.append(version)
+
+
+def set_version_ranges(config: mc.ModelConfig, entry: Path, version: int | None) -> None:
+    """An embedder's ensemble carries the int8 ranges of the version it serves (the newest for None): that build's
+    copy in its version directory, or none for a version built without them."""
+    chosen = version if version is not None else max(versions(entry), default=None)
+    if config.platform != "ensemble" or chosen is None:
+        return
+    copy = entry / str(chosen) / QUANTIZATION_RANGES_FILE
+    if copy.is_file():
+        config.parameters[Param.QUANTIZATION_RANGES].string_value = copy.read_text()
+    elif Param.QUANTIZATION_RANGES in config.parameters:
+        del config.parameters[Param.QUANTIZATION_RANGES]
 
 
 def check_servable(entries: list[Path], version: int) -> None:

@@ -72,6 +72,8 @@ TOKENIZATION_MODULE = "tokenization.py"  # contract/tokenization.py, copied next
 BATCHING_MODULE = "batching.py"  # contract/batching.py, copied next to the python runner's model.py
 PACKING_MODULE = "packing.py"  # contract/packing.py, copied next to the python runner's model.py
 LABELS_FILE = "labels.txt"
+# In each version directory of an embedder's ensembles: that build's Param.QUANTIZATION_RANGES value.
+QUANTIZATION_RANGES_FILE = "quantization_ranges.json"
 
 
 # What the python runner's onnxruntime CUDA sessions run with, and so the builder's parity of its builds:
@@ -99,6 +101,8 @@ class Param:
     PROMPTS = "prompts"  # embed: JSON object prompt name -> text prepended to the input
     DEFAULT_PROMPT = "default_prompt_name"  # embed: the prompt used when a request names none
     MATRYOSHKA_DIMS = "matryoshka_dims"  # embed: comma list of the dimensions a request may truncate to
+    # embed: int8/uint8 ranges per width, calibrated at build (contract/ranges.py); absent = not calibrated
+    QUANTIZATION_RANGES = "quantization_ranges"
     SCORE_LABEL = "score_label"  # rerank: index of the logit that scores relevance
     ONNX_ACCELERATOR = "onnx_accelerator"  # onnx ensembles: an OnnxAccelerator (absent = "none")
     # embed with bge-m3 heads: token ids whose lexical weight is dropped (FlagEmbedding: cls, eos, pad, unk)

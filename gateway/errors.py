@@ -62,6 +62,7 @@ class ErrorType(StrEnum):
     PROMPT_WITH_TOKEN_INPUT = "prompt_with_token_input", ErrorKind.INVALID
     EMPTY_INPUT = "empty_input", ErrorKind.INVALID  # /tei/: an empty text or list (TEI's `Empty`)
     UNSUPPORTED_OPTION = "unsupported_option", ErrorKind.INVALID  # a protocol option not honoured exactly
+    NOT_CALIBRATED = "not_calibrated", ErrorKind.INVALID  # int8/uint8 of a model built without calibrated ranges
     VALIDATION_ERROR = "validation_error", ErrorKind.VALIDATION
     AUTHENTICATION_ERROR = "authentication_error", ErrorKind.UNAUTHORIZED
     FORBIDDEN = "forbidden", ErrorKind.FORBIDDEN

@@ -8,13 +8,14 @@ The v1 rerank shape stays in api/routes.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.cohere_schemas import (
+    CohereEmbeddings,
+    CohereEmbeddingType,
     CohereEmbedV2Request,
     CohereEmbedV2Response,
     CohereRerankV2Request,
@@ -24,10 +25,11 @@ from gateway.api.responses import OrjsonResponse, base64_rows
 from gateway.api.route_table import runs
 from gateway.api.routes import _ERRORS, count_tokens, request_id_of, services
 from gateway.errors import ErrorType, invalid
+from gateway.service.embed import Embeddings
+from gateway.service.quantization import EmbeddingType
 from gateway.service.registry import ServedModel
 
 cohere = APIRouter(responses=_ERRORS, tags=["cohere"])
-EXACT_TYPES = ("float", "base64", "binary", "ubinary")
 
 
 def _refuse_unsupported(body: CohereEmbedV2Request, model: ServedModel) -> None:
@@ -35,28 +37,19 @@ def _refuse_unsupported(body: CohereEmbedV2Request, model: ServedModel) -> None:
     if body.images is not None or body.inputs is not None or body.input_type == "image":
         raise invalid("images and multimodal `inputs` are not supported (text models): send `texts`",
                       type=ErrorType.UNSUPPORTED_OPTION)
-    inexact = sorted({t for t in body.embedding_types or () if t not in EXACT_TYPES})
-    if inexact:
-        raise invalid(f"embedding_types {inexact} are not served: Cohere's int8 scales are calibrated per model "
-                      f"and not published, so there is no exact equivalent; use {', '.join(EXACT_TYPES)}",
-                      type=ErrorType.UNSUPPORTED_OPTION)
     if body.max_tokens is not None and body.max_tokens < model.max_seq_len:
         raise invalid(f"max_tokens below the model's max_seq_len ({model.max_seq_len}) is not supported: texts are "
                       "truncated at max_seq_len", type=ErrorType.UNSUPPORTED_OPTION)
 
 
-def _embeddings(vectors: np.ndarray, types: set[str]) -> dict[str, Any]:
-    """The requested embedding types of unit-length float32 vectors (CohereEmbeddings' fields, in its order)."""
+def _embeddings(result: Embeddings, types: list[CohereEmbeddingType]) -> dict[str, Any]:
+    """The requested embedding types of the unit-length vectors (CohereEmbeddings' fields, in its order)."""
     fields: dict[str, Any] = {}
-    if "float" in types:
-        fields["float"] = vectors
-    if "base64" in types:
-        fields["base64"] = base64_rows(vectors)
-    bits = np.packbits(vectors > 0, axis=1) if types & {"binary", "ubinary"} else None
-    if bits is not None and "binary" in types:
-        fields["binary"] = (bits.astype(np.int16) - 128).tolist()
-    if bits is not None and "ubinary" in types:
-        fields["ubinary"] = bits.tolist()
+    for name in CohereEmbeddings.model_fields:
+        wanted = "float" if name == "float_" else name
+        if wanted in types:
+            fields[wanted] = base64_rows(result.vectors) if wanted == "base64" else result.as_type(
+                cast(EmbeddingType, wanted))
     return fields
 
 
@@ -74,7 +67,7 @@ async def cohere_embed_route(body: CohereEmbedV2Request, request: Request) -> Re
     _refuse_unsupported(body, model)
     result = await embed.embed(request.state, model, body.to_query())
     count_tokens(request, result.model, result.tokens)
-    embeddings = _embeddings(result.vectors, set(body.embedding_types or ["float"]))
+    embeddings = _embeddings(result, body.embedding_types or ["float"])
     return OrjsonResponse({"id": request_id_of(request), "embeddings": embeddings, "texts": body.texts or [],
                            "meta": _meta(result.tokens), "response_type": "embeddings_by_type"})
 

@@ -16,7 +16,7 @@ from gateway.service.embed import EmbedQuery
 from gateway.service.prompts import Prompt
 from gateway.service.rerank import RerankQuery
 
-EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 
 class _CohereRequest(BaseModel):
@@ -37,10 +37,11 @@ class CohereEmbedV2Request(_CohereRequest):
         None, description="Applies the model's prompt of that name (`search_query` also finds `query`, "
         "`search_document` also `document`, `passage`); a model without one uses its default prompt, if any. "
         "`image`: 400.", examples=["search_query"])
-    embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] | None = Field(
-        None, description="float (default), base64 (little-endian float32), binary and ubinary (one bit per "
-        "component, 1 when positive, packed 8 to a byte, as int8 or uint8); int8 and uint8: 400.",
-        examples=[["float", "ubinary"]])
+    embedding_types: Annotated[list[CohereEmbeddingType], Field(min_length=1)] | None = Field(
+        None, description="float (default), base64 (little-endian float32), int8 and uint8 (one integer per "
+        "component, on the model's ranges calibrated when it was built; 400 `not_calibrated` for a model built "
+        "without them), binary and ubinary (one bit per component, 1 when positive, packed 8 to a byte, as int8 or "
+        "uint8).", examples=[["float", "int8"]])
     truncate: Literal["NONE", "START", "END"] | None = Field(
         None, description="END (default) cuts the end of an over-long text, START its start; NONE: 413 instead.",
         examples=["END"])
@@ -62,9 +63,10 @@ class CohereEmbedV2Request(_CohereRequest):
 
     def to_query(self) -> EmbedQuery:
         """Unit-length vectors (Cohere's are)."""
+        types = dict.fromkeys("float" if t == "base64" else t for t in self.embedding_types or ["float"])
         return EmbedQuery(self.texts or [], prompt=Prompt(input_type=self.input_type, cohere=True), normalize=True,
                           dimensions=self.output_dimension, truncate=self.truncate != "NONE",
-                          direction="left" if self.truncate == "START" else "right")
+                          direction="left" if self.truncate == "START" else "right", types=tuple(types))
 
 
 class CohereEmbeddings(_CohereResponse):
@@ -72,6 +74,10 @@ class CohereEmbeddings(_CohereResponse):
 
     float_: FloatMatrix | None = Field(None, alias="float", description="Float embeddings.",
                                        examples=[[[-0.2441, -0.1442, 0.2649]]])
+    int8: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = Field(
+        None, description="One integer per component, on the model's calibrated ranges.", examples=[[[-87, -51, 99]]])
+    uint8: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = Field(
+        None, description="One integer per component, on the model's calibrated ranges.", examples=[[[41, 77, 227]]])
     base64: list[str] | None = Field(None, description="Little-endian float32 bytes of each vector, base64.",
                                      examples=[["Cv55vsyqE74pooc+"]])
     binary: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = Field(

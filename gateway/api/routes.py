@@ -32,9 +32,11 @@ from gateway.api.schemas import (
     TokenizeRequest,
     texts_of,
 )
+from gateway.errors import ErrorType, invalid
 from gateway.metrics import TOKENS, render_latest
 from gateway.service.catalog import CatalogService
 from gateway.service.embed import EmbedService
+from gateway.service.quantization import CALIBRATED, EMBEDDING_TYPES
 from gateway.service.registry import ServedModel
 from gateway.service.services import Services
 
@@ -74,12 +76,11 @@ async def classify_route(body: ClassifyRequest, request: Request) -> Response:
 @api.post("/embed", response_class=OrjsonResponse, responses={200: {"model": EmbedResponse}})
 @runs("embed")
 async def embed_route(body: EmbedRequest, request: Request) -> Response:
-    """Embed one text or a list; one vector per input, in order."""
+    """Embed one text or a list; one vector per input, in order, as floats or as the `embedding_type`'s integers."""
     result = await services(request).embed.embed(request.state, body.model, body.to_query())
     count_tokens(request, result.model, result.tokens)
-    vectors = result.vectors
-    return OrjsonResponse({"model": result.model, "embeddings": vectors, "dimensions": int(vectors.shape[1]),
-                           "usage": {"tokens": result.tokens}})
+    return OrjsonResponse({"model": result.model, "embeddings": result.as_type(body.embedding_type),
+                           "dimensions": int(result.vectors.shape[1]), "usage": {"tokens": result.tokens}})
 
 
 @api.post("/v1/embeddings", response_class=OrjsonResponse, responses={200: {"model": OpenAIEmbeddingResponse}})
@@ -95,13 +96,17 @@ async def openai_embeddings(request: Request, embed: EmbedService, model: Served
                             *, cut: bool = False) -> Response:
     """The OpenAI embeddings answer of `body` by `model` (this /v1/embeddings, TEI's under /tei/{model});
     `cut`: texts over the character limit are cut there instead of refused."""
+    if body.encoding_format == "base64" and body.embedding_type != "float":
+        raise invalid(f"embedding_type {body.embedding_type} is answered as JSON integers: send encoding_format "
+                      "\"float\" with it (base64 is float32, as the openai client decodes it)",
+                      type=ErrorType.UNSUPPORTED_OPTION)
     result = await embed.embed(request.state, model, body.to_query(cut))
     count_tokens(request, result.model, result.tokens)
-    vectors = result.vectors
     if body.encoding_format == "base64":
-        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(base64_rows(vectors))]
+        rows: Any = base64_rows(result.vectors)
     else:
-        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
+        rows = result.as_type(body.embedding_type)
+    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
     tokens = result.tokens
     return OrjsonResponse({"object": "list", "data": data, "model": result.model,
                            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
@@ -173,7 +178,8 @@ def _card(catalog: CatalogService, m: ServedModel) -> dict[str, Any]:
     if m.task == "embed":
         card.update(dimensions=m.embedding_dim, pooling=m.pooling, normalize=m.normalize, prompts=m.prompts,
                     default_prompt_name=m.default_prompt or None,
-                    matryoshka_dimensions=sorted({*m.matryoshka_dims, m.embedding_dim}) if m.matryoshka_dims else None)
+                    matryoshka_dimensions=sorted({*m.matryoshka_dims, m.embedding_dim}) if m.matryoshka_dims else None,
+                    embedding_types=[t for t in EMBEDDING_TYPES if m.quantization_ranges or t not in CALIBRATED])
     elif m.task == "sparse-embed":
         card.update(dimensions=m.embedding_dim, prompts=m.prompts, default_prompt_name=m.default_prompt or None)
     else:

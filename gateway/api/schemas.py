@@ -13,6 +13,7 @@ from contract import OnnxAccelerator
 from gateway.service.classify import ClassifyQuery
 from gateway.service.embed import EmbedQuery
 from gateway.service.prompts import Prompt
+from gateway.service.quantization import EmbeddingType
 from gateway.service.rerank import RerankQuery
 
 Text = Annotated[str, Field(min_length=1)]
@@ -106,6 +107,13 @@ class ClassifyResponse(BaseModel):
     usage: Usage
 
 
+EMBEDDING_TYPE = (
+    "float (default); int8 or uint8: one integer per component, bucketed on the model's ranges calibrated when it "
+    "was built (sentence-transformers' quantize_embeddings; 400 `not_calibrated` for a model built without them, "
+    "and with a `normalize` that is not the model's own); binary or ubinary: one bit per component (1: positive), "
+    "packed 8 to an integer, as int8 or uint8.")
+
+
 class EmbedRequest(_Request):
     model: str | None = Field(None, description="Served model NAME; optional when one embedder is served.")
     inputs: Inputs
@@ -121,17 +129,19 @@ class EmbedRequest(_Request):
         None, ge=1, description="Keep the first N components, then normalize (models built with matryoshka "
         "dimensions; GET /v1/models lists them).", examples=[64])
     backend: Backend | None = None
+    embedding_type: EmbeddingType = Field("float", description=EMBEDDING_TYPE, examples=["int8"])
 
     def to_query(self) -> EmbedQuery:
         return EmbedQuery(texts_of(self.inputs), prompt=Prompt(self.prompt_name), normalize=self.normalize,
                           dimensions=self.dimensions, truncate=self.truncate, direction=self.truncation_direction,
-                          backend=self.backend)
+                          backend=self.backend, types=(self.embedding_type,))
 
 
 class EmbedResponse(BaseModel):
     model: str
-    embeddings: list[list[float]]
-    dimensions: int
+    embeddings: list[list[float]] | list[list[int]] = Field(
+        description="One vector per input: floats, or the integers of `embedding_type`.", examples=[[[-12, 87, 3]]])
+    dimensions: int = Field(description="Components per vector (binary types pack 8 into each integer).")
     usage: Usage
 
 
@@ -255,22 +265,27 @@ class OpenAIEmbeddingRequest(BaseModel):
     input_type: Literal["query", "passage"] | None = Field(
         None, description="NVIDIA NIM style: applies the model's `query` or `passage` prompt (text input only).",
         examples=["query"])
+    embedding_type: EmbeddingType = Field(
+        "float", description="NVIDIA NIM style (the openai client sends it with `extra_body`): " + EMBEDDING_TYPE
+        + " The integers come as JSON numbers: with any type but float, send `encoding_format: float` (400 "
+        "otherwise: the openai client decodes base64 as float32).", examples=["int8"])
     user: str | None = None
 
     def to_query(self, cut: bool = False) -> EmbedQuery:
         """Normalized vectors (OpenAI's are); `cut`: texts over the character limit are cut there, not refused."""
-        raw, prompt = self.input, Prompt(input_type=self.input_type)
+        raw, prompt, types = self.input, Prompt(input_type=self.input_type), (self.embedding_type,)
         if isinstance(raw, list) and raw and isinstance(raw[0], (int, list)):
             rows = [cast(list[int], raw)] if isinstance(raw[0], int) else cast(list[list[int]], raw)
-            return EmbedQuery([], token_ids=rows, prompt=prompt, normalize=True, dimensions=self.dimensions)
+            return EmbedQuery([], token_ids=rows, prompt=prompt, normalize=True, dimensions=self.dimensions,
+                              types=types)
         return EmbedQuery(texts_of(cast(str | list[str], raw)), prompt=prompt, normalize=True,
-                          dimensions=self.dimensions, cut=cut)
+                          dimensions=self.dimensions, cut=cut, types=types)
 
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str
+    embedding: list[float] | list[int] | str
 
 
 class OpenAIUsage(BaseModel):
@@ -318,6 +333,9 @@ class ModelCard(BaseModel):
     default_prompt_name: str | None = Field(None, examples=["passage"])
     matryoshka_dimensions: list[int] | None = Field(
         None, description="embed: the `dimensions` a request may ask for.", examples=[[16, 32]])
+    embedding_types: list[str] | None = Field(
+        None, description="embed: the `embedding_type`s it serves; int8 and uint8 when its ranges were calibrated "
+        "at build.", examples=[["float", "int8", "uint8", "binary", "ubinary"]])
     token_outputs: list[str] = Field(
         default_factory=list, description="Per-token outputs of the model step: `token_embeddings` (/embed_all), "
         "`token_weights` (bge-m3 lexical weights, /embed_sparse), `colbert_vectors` (/embed_multi_vector). "

@@ -1,5 +1,6 @@
 """Embeddings: prompts prepended as the model was trained (service/prompts.py), pooled vectors from the model, optional
-matryoshka truncation, L2-normalized by default when the model was trained so (its Normalize module)."""
+matryoshka truncation, L2-normalized by default when the model was trained so (its Normalize module), and the
+embedding types a request asks for (service/quantization.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gateway.service.admission import Urgency
 from gateway.service.inference import Inference, Inputs
 from gateway.service.inference.pipeline import token_input_unsupported
 from gateway.service.prompts import DEFAULT_PROMPT, Prompt, with_prompt
+from gateway.service.quantization import EmbeddingType, calibrated_ranges, quantize
 from gateway.service.registry import Backend, ServedModel
 from gateway.service.serving import Call, ModelRef, Service
 from gateway.service.tokens import check_token_ids
@@ -49,6 +51,7 @@ class EmbedQuery:
     direction: TruncationDirection = "right"
     backend: Backend | None = None
     cut: bool = False  # texts over the character limit are cut there instead of refused (413)
+    types: tuple[EmbeddingType, ...] = ("float",)  # the embedding types the answer gives (Embeddings.as_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,11 @@ class Embeddings:
     model: str
     vectors: np.ndarray  # [n, dimensions] float32, in input order
     tokens: int  # billed
+    ranges: np.ndarray | None = None  # int8/uint8's calibrated ranges at this width, when the query asked for them
+
+    def as_type(self, embedding_type: EmbeddingType) -> np.ndarray:
+        """The vectors as one of the query's embedding types."""
+        return quantize(self.vectors, embedding_type, self.ranges)
 
 
 class EmbedService(Service):
@@ -77,10 +85,11 @@ class EmbedService(Service):
         else:
             inputs = Inputs(with_prompt(texts, query.prompt.prefix(served)), None, query.direction, urgency=urgency)
         width = check_dimensions(served, query.dimensions)
+        ranges = calibrated_ranges(served, query.types, width or served.embedding_dim, query.normalize)
         vectors, tokens = await self.within_deadline(call, lambda deadline: embed(
             self.inference, served, inputs, normalize=query.normalize, dimensions=width, truncate=query.truncate,
             backend=query.backend, deadline=deadline))
-        return Embeddings(served.name, vectors, tokens)
+        return Embeddings(served.name, vectors, tokens, ranges)
 
     def _token_inputs(self, model: ServedModel, rows: list[list[int]], prompt: Prompt, urgency: Urgency) -> Inputs:
         """Token ids as given: 400 with an input type (prompts are text), for a model whose tokenizer the gateway

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import orjson
 from tritonclient.grpc import model_config_pb2
 
@@ -30,6 +31,7 @@ from contract import (
     output_name,
 )
 from contract.batching import parse_sizes
+from contract.ranges import decode_ranges
 from gateway.errors import ErrorType, GatewayError, invalid, unavailable
 from gateway.triton.client import IndexEntry
 
@@ -144,6 +146,8 @@ class ServedModel:
     prompts: dict[str, str] = field(default_factory=dict)  # embed: prompt name -> prefix
     default_prompt: str = ""  # embed: the prompt used when a request names none
     matryoshka_dims: tuple[int, ...] = ()  # embed: dimensions a request may truncate to
+    # embed: int8/uint8 ranges [2, width] by width, calibrated at build (contract/ranges.py); {} = not calibrated
+    quantization_ranges: dict[int, np.ndarray] = field(default_factory=dict, compare=False)
     score_label: int = 0  # rerank: the logit that scores relevance
     sparse_skip_ids: tuple[int, ...] = ()  # embed with bge-m3 heads: token ids whose lexical weight is dropped
     tokenizer: TokenizerInfo | None = None
@@ -268,6 +272,7 @@ def parse_ensemble(
         matryoshka_dims=parse_sizes(params.get(Param.MATRYOSHKA_DIMS, "")),
         score_label=int(params.get(Param.SCORE_LABEL, "0") or 0),
         sparse_skip_ids=parse_sizes(params.get(Param.SPARSE_SKIP_IDS, "")),
+        quantization_ranges=decode_ranges(params.get(Param.QUANTIZATION_RANGES, "")),
     )
     if model.max_seq_len <= 0:
         raise ValueError(f"max_seq_len {model.max_seq_len} is not positive")
@@ -277,6 +282,8 @@ def parse_ensemble(
         raise ValueError(f"score_label {model.score_label} is not an index of its {len(model.labels)} logits")
     if any(d > model.embedding_dim or d <= 0 for d in model.matryoshka_dims):
         raise ValueError(f"matryoshka_dims {model.matryoshka_dims} outside 1..{model.embedding_dim}")
+    if not set(model.quantization_ranges) <= {*model.matryoshka_dims, model.embedding_dim}:
+        raise ValueError(f"quantization ranges of widths {sorted(model.quantization_ranges)} it does not serve")
     if model.output_width <= 0:
         log.warning("ensemble %s has no labels/embedding_dim; skipped", config.name)
         return None
