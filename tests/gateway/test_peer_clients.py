@@ -36,6 +36,7 @@ from devstack.tritonserver import REPO_ROOT, TritonServer, free_port
 from gateway.api.tei_schemas import TEI_VERSION
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from tests.fixtures.repository import stored_ranges
 from tests.fixtures.tiny_models import LABELS, NLI_LABELS
 from tests.gateway.conftest import PEER_MATRYOSHKA, PEER_MAX_SEQ_LENGTH
 
@@ -211,17 +212,21 @@ def test_llama_index_text_embeddings_inference(url: str, st: SentenceTransformer
 
 
 # --- Cohere v2 ---------------------------------------------------------------------------------
-def test_cohere_v2_embed(url: str, st: SentenceTransformer) -> None:
+def test_cohere_v2_embed(url: str, st: SentenceTransformer, peer_repository: Path) -> None:
     client = cohere.ClientV2(api_key=KEY, base_url=url)
     answer = client.embed(model="st", texts=TEXTS, input_type="search_query",
-                          embedding_types=["float", "base64", "binary", "ubinary"])
+                          embedding_types=["float", "base64", "int8", "uint8", "binary", "ubinary"])
     got = answer.embeddings
-    assert got.float_ and got.base64 and got.binary and got.ubinary
+    assert got.float_ and got.base64 and got.int8 and got.uint8 and got.binary and got.ubinary
     floats = np.asarray(got.float_, np.float32)
     np.testing.assert_allclose(floats, st.encode(TEXTS, prompt_name="query", normalize_embeddings=True), atol=1e-5)
-    # base64 carries the very float32 numbers; binary and ubinary are sentence-transformers' exact quantization
+    # base64 carries the very float32 numbers; the integer types are sentence-transformers' exact quantization
+    # (int8 and uint8 on the ranges the build stored)
     decoded = np.stack([np.frombuffer(base64.b64decode(b), "<f4") for b in got.base64])
     assert decoded.tobytes() == floats.tobytes()
+    ranges = stored_ranges(peer_repository, "st")[32]
+    np.testing.assert_array_equal(got.int8, quantize_embeddings(floats, precision="int8", ranges=ranges))
+    np.testing.assert_array_equal(got.uint8, quantize_embeddings(floats, precision="uint8", ranges=ranges))
     np.testing.assert_array_equal(got.ubinary, quantize_embeddings(floats, precision="ubinary"))
     np.testing.assert_array_equal(got.binary, quantize_embeddings(floats, precision="binary"))
     assert answer.texts == TEXTS and answer.id and billed_tokens(answer.meta) > 0
@@ -238,8 +243,6 @@ def test_cohere_v2_embed(url: str, st: SentenceTransformer) -> None:
     start = client.embed(model="st", texts=long, input_type="search_query", truncate="START").embeddings.float_
     assert start is not None
     np.testing.assert_allclose(start, want, atol=1e-5)
-    with pytest.raises(cohere.BadRequestError, match="unsupported_option"):
-        client.embed(model="st", texts=["x"], input_type="search_query", embedding_types=["int8"])
     with pytest.raises(ApiError) as refused:  # NONE: a text over max_seq_len is refused, not cut
         client.embed(model="st", texts=long, input_type="search_query", truncate="NONE")
     assert refused.value.status_code == 413
