@@ -56,10 +56,12 @@ class Case:
 CASES: dict[tuple[str, str], list[Case]] = {
     ("POST", "/classify"): [Case("/classify", {"model": "nli", "inputs": [PAIR, PAIR[::-1]]})],
     ("POST", "/embed"): [Case("/embed", {"model": "st", "inputs": ["hello", "world"]}),
-                         Case("/embed", {"model": "st", "inputs": "hello", "dimensions": 8, "prompt_name": "query"})],
+                         Case("/embed", {"model": "st", "inputs": "hello", "dimensions": 8, "prompt_name": "query"}),
+                         Case("/embed", {"model": "st", "inputs": ["hello", "world"], "embedding_type": "int8"})],
     ("POST", "/v1/embeddings"): [
         Case("/v1/embeddings", {"model": "st", "input": ["hello", "world"], "input_type": "query"}),
         Case("/v1/embeddings", {"model": "st", "input": [[5, 6, 7]], "encoding_format": "base64", "dimensions": 16}),
+        Case("/v1/embeddings", {"model": "st", "input": "hello", "embedding_type": "uint8"}),
     ],
     ("POST", "/rerank"): [
         Case("/rerank", {"model": "reranker", "query": "what is deep learning", "texts": ["deep", "paris"]}),
@@ -88,7 +90,7 @@ CASES: dict[tuple[str, str], list[Case]] = {
                                            "issue23")],
     ("POST", "/v2/embed"): [
         Case("/v2/embed", {"model": "st", "texts": ["hello", "world"], "input_type": "search_query",
-                           "embedding_types": ["float", "base64", "binary", "ubinary"]}),
+                           "embedding_types": ["float", "int8", "uint8", "base64", "binary", "ubinary"]}),
         Case("/v2/embed", {"model": "st", "texts": ["hello"], "input_type": "search_document"}),
     ],
     ("POST", "/v2/rerank"): [Case("/v2/rerank", {"model": "reranker", "query": "q", "documents": ["a", "b"],
