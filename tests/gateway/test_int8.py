@@ -6,6 +6,7 @@ the real all-MiniLM-L6-v2 and its retrieval quality in test_int8_minilm.py (slow
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,9 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.quantization import quantize_embeddings
 
 from devstack.tritonserver import TritonServer
-from tests.fixtures.repository import stored_ranges
+from tests.fixtures.repository import PYTHON_CPU, build_repository, stored_ranges
+from tests.fixtures.trained_models import all_minilm_l6_v2
+from tests.fixtures.triton import serving
 from tests.gateway.conftest import PEER_MATRYOSHKA, running_gateway
 
 pytestmark = pytest.mark.anyio
@@ -100,3 +103,53 @@ async def test_a_model_built_without_ranges_refuses_int8_and_says_how_to_add_the
             assert error["type"] == "not_calibrated" and "--calibration-texts" in error["message"]
         ubinary = await client.post("/embed", json={"model": "fakeemb", "inputs": "x", "embedding_type": "ubinary"})
         assert ubinary.status_code == 200 and len(ubinary.json()["embeddings"][0]) == 1  # 8 bits in one byte
+
+
+# --- the real all-MiniLM-L6-v2 (slow: a build of a 22M-parameter model) -----------------------------
+RETRIEVAL_SET = Path(__file__).resolve().parents[1] / "fixtures" / "retrieval_set.json"
+
+
+def recall_at(k: int, queries: np.ndarray, passages: np.ndarray, relevant: list[list[int]]) -> float:
+    """Mean over queries of the share of their relevant passages among the k best by dot product."""
+    scores = queries.astype(np.float64) @ passages.astype(np.float64).T
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return float(np.mean([len(set(best) & set(rel)) / len(rel) for best, rel in zip(top.tolist(), relevant)]))
+
+
+@pytest.fixture(scope="module")
+def minilm_repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """all-MiniLM-L6-v2 (from PyPI) built as `minilm`, calibrated on the builder's default set."""
+    model = all_minilm_l6_v2()
+    repository = tmp_path_factory.mktemp("minilm") / "model_repository"
+    build_repository(repository, [{"model": str(model), "task": "embed", "name": "minilm", "calibration_texts": None}],
+                     **PYTHON_CPU, max_batch_size=32, max_seq_len=128)
+    return model, repository
+
+
+@pytest.mark.slow
+async def test_minilm_int8_keeps_recall_and_equals_sentence_transformers(
+    minilm_repository: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model, repository = minilm_repository
+    ranges = stored_ranges(repository, "minilm")[384]
+    data = json.loads(RETRIEVAL_SET.read_text())
+    passages, queries = data["passages"], [q["text"] for q in data["queries"]]
+    relevant = [q["relevant"] for q in data["queries"]]
+    with serving(TritonServer(repository=repository, log_path=tmp_path / "triton.log")) as server:
+        async with running_gateway(server.grpc_url, repository=str(repository), shm_prefix="gwminilm") as (_, client):
+            async def embed(texts: list[str], embedding_type: str) -> np.ndarray:
+                answer = await client.post("/embed", json={"inputs": texts, "embedding_type": embedding_type})
+                assert answer.status_code == 200, answer.text
+                return np.asarray(answer.json()["embeddings"], np.float32 if embedding_type == "float" else np.int8)
+
+            floats = {"p": await embed(passages, "float"), "q": await embed(queries, "float")}
+            int8 = {"p": await embed(passages, "int8"), "q": await embed(queries, "int8")}
+    oracle = SentenceTransformer(str(model), device="cpu")
+    encoded = oracle.encode(passages)
+    np.testing.assert_allclose(floats["p"], encoded, atol=1e-5)
+    assert (int8["p"] == quantize_embeddings(floats["p"], precision="int8", ranges=ranges)).all()
+    assert_buckets_of(int8["p"], encoded, ranges, "int8")
+    float_recall = recall_at(10, floats["q"], floats["p"], relevant)
+    int8_recall = recall_at(10, int8["q"], int8["p"], relevant)  # integer dot products, as an int8 index scores
+    assert float_recall > 0.9, float_recall  # the set is one a real model answers
+    assert int8_recall >= 0.97 * float_recall, (int8_recall, float_recall)
