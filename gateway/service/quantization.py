@@ -25,7 +25,7 @@ def calibrated_ranges(model: ServedModel, types: Collection[EmbeddingType], widt
         return None
     if normalize is not None and normalize != model.normalize:
         state = "L2-normalized" if model.normalize else "not normalized"
-        raise invalid(f"int8 and uint8 are calibrated on model {model.name!r}'s vectors as it serves them by default "
+        raise invalid(f"int8 and uint8 of model {model.name!r} are calibrated on its vectors as served by default "
                       f"({state}): leave `normalize` unset with them", type=ErrorType.UNSUPPORTED_OPTION)
     ranges = model.quantization_ranges.get(width)
     if ranges is None:
