@@ -397,6 +397,10 @@ async def test_openapi_documents_every_new_field_with_an_example(server: TritonS
         "ModelCard": ["pairs", "normalize", "prompts", "default_prompt_name", "matryoshka_dimensions"],
         "Readiness": ["checks"],
     }
+    for schema in ("EmbedRequest", "OpenAIEmbeddingRequest"):  # issue 53: int8 and uint8
+        new_fields[schema].append("embedding_type")
+    new_fields["ModelCard"].append("embedding_types")
+    new_fields["EmbedResponse"] = ["embeddings"]
     for schema in ("RerankRequest", "CohereRerankRequest", "TokenizeRequest", "DecodeRequest",  # new bodies:
                    "Rank", "CohereRerankResponse", "RerankResult", "Document", "RerankUsage", "Token"):  # every field
         new_fields[schema] = list(schemas[schema]["properties"])
