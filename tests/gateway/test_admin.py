@@ -23,13 +23,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from sentence_transformers.quantization import quantize_embeddings
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.cli import main as builder_main
 from builder.configs import read_config
 from builder.versions import versions
 from devstack.tritonserver import TritonServer
-from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository
+from tests.fixtures.repository import PYTHON_CPU, TINY_LIMITS, build_repository, stored_ranges
 from tests.fixtures.tiny_models import write_tiny_embedder
 from tests.fixtures.triton import serving
 from tests.fixtures.waiting import until
@@ -74,6 +75,12 @@ async def _embed(client: httpx.AsyncClient, texts: list[str]) -> np.ndarray:
     r = await client.post("/embed", json={"model": "tinyemb", "inputs": texts, "normalize": False})
     assert r.status_code == 200, r.text
     return np.array(r.json()["embeddings"], dtype=np.float32)
+
+
+async def _int8(client: httpx.AsyncClient, texts: list[str]) -> list[list[int]]:
+    r = await client.post("/embed", json={"model": "tinyemb", "inputs": texts, "embedding_type": "int8"})
+    assert r.status_code == 200, r.text
+    return list(r.json()["embeddings"])
 
 
 async def test_admin_keys(lifecycle: tuple[TritonServer, Path, Path]) -> None:
@@ -186,6 +193,7 @@ async def test_rebuild_then_reload_under_traffic(lifecycle: tuple[TritonServer, 
         b_runtime.refresh = counted_refresh
         old = await _embed(a, TEXTS)
         np.testing.assert_allclose(await _embed(b, TEXTS), old, rtol=1e-5, atol=1e-6)
+        old_ranges = stored_ranges(repository, "tinyemb")[32]
 
         await asyncio.to_thread(_build, repository, [
             {"model": str(write_tiny_embedder(root / "emb_v2", seed=2)), "task": "embed", "name": "tinyemb"}])
@@ -194,6 +202,8 @@ async def test_rebuild_then_reload_under_traffic(lifecycle: tuple[TritonServer, 
             policy = read_config(repository / entry / "config.pbtxt").version_policy
             assert policy == mc.ModelVersionPolicy(latest=mc.ModelVersionPolicy.Latest(num_versions=1))
         np.testing.assert_allclose(await _embed(a, TEXTS), old, rtol=1e-5, atol=1e-6)  # published, not loaded
+        new_ranges = stored_ranges(repository, "tinyemb")[32]  # the new version's own int8 ranges
+        assert not np.allclose(new_ranges, old_ranges)
 
         # (gateway, texts, rows, sent after the gateway follows the reload)
         answers: list[tuple[str, list[int], np.ndarray | str, bool]] = []
@@ -250,6 +260,8 @@ async def test_rebuild_then_reload_under_traffic(lifecycle: tuple[TritonServer, 
         assert builder_main(["serve", "--repository", str(repository), "--name", "tinyemb", "--version", "7"]) == 2
         assert (await a.post("/admin/models/tinyemb/reload", headers=ADMIN)).status_code == 200
         np.testing.assert_allclose(await _embed(a, TEXTS), old, rtol=1e-5, atol=1e-6)
+        assert await _int8(a, TEXTS) == quantize_embeddings(old, precision="int8", ranges=old_ranges).tolist()
         assert builder_main(["serve", "--repository", str(repository), "--name", "tinyemb", "--version", "latest"]) == 0
         assert (await a.post("/admin/models/tinyemb/reload", headers=ADMIN)).status_code == 200
         np.testing.assert_allclose(await _embed(a, TEXTS), new, rtol=1e-5, atol=1e-6)
+        assert await _int8(a, TEXTS) == quantize_embeddings(new, precision="int8", ranges=new_ranges).tolist()
