@@ -12,6 +12,7 @@ from contract import ApiBackend as Backend
 from contract import OnnxAccelerator
 from gateway.service.classify import ClassifyQuery
 from gateway.service.embed import EmbedQuery
+from gateway.service.encode import ENCODE_OUTPUTS, EncodeOutput, EncodeQuery
 from gateway.service.prompts import Prompt
 from gateway.service.rerank import RerankQuery
 
@@ -421,3 +422,31 @@ class EmbedAllRequest(_TeiOutputRequest):
 
     model: str | None = Field(None, description="Served model NAME; optional when one model with per-token "
                               "outputs is served.", examples=["bge-m3"])
+
+
+class EncodeRequest(_TeiOutputRequest):
+    """`POST /encode`: several outputs of one forward pass (bge-m3's dense, sparse and ColBERT outputs)."""
+
+    model: str | None = Field(None, description="Served model NAME; optional when one model with any of the outputs "
+                              "is served.", examples=["bge-m3"])
+    outputs: Annotated[list[EncodeOutput], Field(min_length=1)] = Field(
+        list(ENCODE_OUTPUTS), description="What to compute, from one execution of the model: `dense` (what /embed "
+        "answers), `sparse` (/embed_sparse), `multi_vector` (/embed_multi_vector). A model without one of them: 424.",
+        examples=[["dense", "sparse"]])
+    normalize: bool | None = Field(None, description="dense: L2-normalize; default: as the model was trained.")
+    dimensions: int | None = Field(None, ge=1, description="dense: keep the first N components, then normalize "
+                                   "(matryoshka models).")
+
+    def to_query(self) -> EncodeQuery:
+        return EncodeQuery(texts_of(self.inputs), tuple(dict.fromkeys(self.outputs)), self.prompt_name,
+                           self.normalize, self.dimensions, self.truncate, self.truncation_direction, self.backend)
+
+
+class EncodeResponse(BaseModel):
+    """The outputs asked for, each in its own route's shape, one entry per input in order (null: not asked for)."""
+
+    model: str
+    dense: list[list[float]] | None = Field(None, description="As /embed's `embeddings`.")
+    sparse: list[list[SparseValue]] | None = Field(None, description="As /embed_sparse's answer.")
+    multi_vector: list[list[list[float]]] | None = Field(None, description="As /embed_multi_vector's answer.")
+    usage: Usage

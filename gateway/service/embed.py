@@ -109,7 +109,13 @@ async def embed(
     """Embeddings [n, dim] float32 in input order, and the billed token count. `dimensions` (checked
     by check_dimensions) keeps the first components; normalization comes after it."""
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-    vectors = result.rows if dimensions is None else result.rows[:, :dimensions]
+    return dense_vectors(model, result.rows, normalize=normalize, dimensions=dimensions), result.tokens
+
+
+def dense_vectors(model: ServedModel, rows: np.ndarray, *, normalize: bool | None, dimensions: int | None) -> np.ndarray:
+    """The embeddings of the model's pooled rows [n, dim]: the first `dimensions` components (checked by
+    check_dimensions), then normalized (None: as the model was trained)."""
+    vectors = rows if dimensions is None else rows[:, :dimensions]
     if model.normalize if normalize is None else normalize:
         vectors = l2_normalize(vectors)
-    return np.ascontiguousarray(vectors, dtype=np.float32), result.tokens
+    return np.ascontiguousarray(vectors, dtype=np.float32)
