@@ -45,6 +45,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                        "recovery time"),
     "lanes": Benchmark("loadtest.lanes", "a bulk job (X-Priority: batch) beside interactive single texts: the "
                        "interactive p99 and the bulk goodput against each alone"),
+    "encode": Benchmark("loadtest.outputs", "several outputs of one forward pass (/encode) against a request per "
+                        "output, on a model with bge-m3's heads"),
     "ab-gateway": Benchmark("loadtest.ab_gateway", "two gateway revisions side by side on one tritonserver"),
     "transports": Benchmark("loadtest.transports", "one call at a time: the gateway against direct tritonclient, "
                             "shared memory against plain gRPC"),
