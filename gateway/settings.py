@@ -60,7 +60,7 @@ class GatewaySettings(BaseSettings):
     )
     token_output_max_tokens: int = Field(
         8192, ge=1, description="Token budget of one batch whose per-token outputs come back (/embed_all, "
-        "/embed_sparse of bge-m3-style models; at least max_seq_len): the shm regions of such an output hold "
+        "/embed_sparse of bge-m3-style models, /encode; at least max_seq_len): the shm regions of such an output hold "
         "about 1.25 x this + max_seq_len tokens x floats per token x 4 bytes.",
     )
     max_batches_in_flight: int | Literal["auto"] = Field(
@@ -113,7 +113,7 @@ class GatewaySettings(BaseSettings):
     )
     max_token_values: int = Field(
         2**24, ge=1, description="Most floats one answer of per-token vectors may hold (/embed_all, "
-        "/embed_multi_vector, TEI's /embed_all): the tokens of every input (after truncation) x the floats per "
+        "/embed_multi_vector, /encode, TEI's /embed_all): the tokens of every input (after truncation) x the floats per "
         "token; 413 `answer_too_large` before inference above. The default holds what TEI's own default limits "
         "allow (32 inputs of 512 tokens) at 1,024 floats per token, about 180 MB of JSON.",
     )
