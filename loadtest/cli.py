@@ -45,6 +45,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                        "recovery time"),
     "lanes": Benchmark("loadtest.lanes", "a bulk job (X-Priority: batch) beside interactive single texts: the "
                        "interactive p99 and the bulk goodput against each alone"),
+    "long-docs": Benchmark("loadtest.long_documents", "documents of 20k tokens chunked (truncate: chunk, batch lane) "
+                           "in a stream of single-text queries: the queries' p99 against theirs alone"),
     "ab-gateway": Benchmark("loadtest.ab_gateway", "two gateway revisions side by side on one tritonserver"),
     "transports": Benchmark("loadtest.transports", "one call at a time: the gateway against direct tritonclient, "
                             "shared memory against plain gRPC"),
