@@ -111,11 +111,6 @@ async def late_chunk(
     """Every chunk's vector [chunks, hidden width] (input by input, chunk by chunk), the chunk count of each input,
     and the billed tokens."""
     check_spans(texts, chunks)
-    width = model.endpoint(backend).token_width(TOKEN_EMBEDDINGS)
-    if width is not None and width != model.embedding_dim:
-        raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {model.name!r} adds layers after pooling (its "
-                           f"vectors have {model.embedding_dim} dimensions, its hidden state {width}): chunk vectors "
-                           "pooled from the hidden state would not be in its embedding space")
     tokenizer = inference.tokenizer_for(model)
     if tokenizer is None:
         raise GatewayError(ErrorType.PIPELINE_UNSUPPORTED, f"late chunking of {model.name!r} needs the gateway's "
