@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from openai import AsyncOpenAI
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer
 
@@ -108,14 +109,15 @@ async def test_late_chunking_with_a_prompt_and_cjk(client: httpx.AsyncClient, is
         assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)  # normalized as e5 was trained
 
 
-async def test_late_chunking_on_v1_embeddings(client: httpx.AsyncClient, issue23_models: dict[str, Path]) -> None:
+async def test_late_chunking_with_the_openai_client(client: httpx.AsyncClient, issue23_models: dict[str, Path]) -> None:
     texts = ["deep learning is a kind of machine learning", CJK]
     chunks = [[[0, 13], [14, 43]], [[0, 8], [8, len(CJK)]]]
-    body = await _post(client, "/v1/embeddings", {"model": "m3", "input": texts, "chunks": chunks})
-    assert [(d["index"], d["input_index"], d["chunk_index"]) for d in body["data"]] == [
-        (0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    openai = AsyncOpenAI(base_url="http://gateway/v1", api_key="none", http_client=client)  # base64, decoded
+    answer = await openai.embeddings.create(model="m3", input=texts, extra_body={"chunks": chunks})
+    data = answer.data
+    assert [(d.index, d.input_index, d.chunk_index) for d in data] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     for i, (text, spans) in enumerate(zip(texts, chunks)):
-        got = [d["embedding"] for d in body["data"] if d["input_index"] == i]
+        got = [d.embedding for d in data if d.input_index == i]
         assert _cosines(got, late_chunking_oracle(issue23_models["m3"], text, spans)).min() >= 0.9999
 
 
