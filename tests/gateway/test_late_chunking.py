@@ -160,7 +160,8 @@ async def test_long_inputs_on_v1_embeddings_and_their_bound(client: httpx.AsyncC
     want = chunked_oracle(issue23_models["e5"], "query: " + long, 512)
     assert _cosines([body["data"][0]["embedding"]], [want])[0] >= 0.9999
     over = await _post(client, "/embed", {"model": "e5", "inputs": [long] * 8, "truncate": "chunk"}, 413)
-    assert "GATEWAY_MAX_CHUNKED_TOKENS" in over["error"]["message"] and f"{MAX_CHUNKED_TOKENS:,}" in over["error"]["message"]
+    message = over["error"]["message"]
+    assert "GATEWAY_MAX_CHUNKED_TOKENS" in message and f"{MAX_CHUNKED_TOKENS:,}" in message
 
 
 @pytest.mark.parametrize("name", ["m3", pytest.param("mb", marks=pytest.mark.slow)])
