@@ -111,6 +111,19 @@ class GatewaySettings(BaseSettings):
     max_input_chars: int = Field(
         100_000, ge=1, description="Longest input text in characters (413 above; truncation happens in tokens)."
     )
+    long_inputs: Literal["truncate", "chunk"] = Field(
+        "truncate", description="What /embed and /v1/embeddings do with a text over the model's window when the "
+        "request does not say (`truncate`): `truncate` cuts it; `chunk` embeds it in windows of the model's length "
+        "and answers their token-weighted mean (a request's `truncate: \"chunk\"`).",
+    )
+    chunk_overlap_tokens: int = Field(
+        0, ge=0, description="Chunked long inputs: tokens each window repeats of the one before (at most half a "
+        "window).",
+    )
+    max_chunked_tokens: int = Field(
+        65536, ge=1, description="Chunked long inputs: most tokens the texts of one request may hold (413 "
+        "`input_too_long` above); every window is a row of the model's batches.",
+    )
     max_token_values: int = Field(
         2**24, ge=1, description="Most floats one answer of per-token vectors may hold (/embed_all, "
         "/embed_multi_vector, /encode, TEI's /embed_all): the tokens of every input (after truncation) x the floats per "

@@ -47,6 +47,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                        "interactive p99 and the bulk goodput against each alone"),
     "encode": Benchmark("loadtest.outputs", "several outputs of one forward pass (/encode) against a request per "
                         "output, on a model with bge-m3's heads"),
+    "long-docs": Benchmark("loadtest.long_documents", "documents of 20k tokens chunked (truncate: chunk, batch lane) "
+                           "in a stream of single-text queries: the queries' p99 against theirs alone"),
     "ab-gateway": Benchmark("loadtest.ab_gateway", "two gateway revisions side by side on one tritonserver"),
     "transports": Benchmark("loadtest.transports", "one call at a time: the gateway against direct tritonclient, "
                             "shared memory against plain gRPC"),

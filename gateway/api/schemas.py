@@ -72,6 +72,20 @@ Direction = Annotated[
           examples=["left"]),
 ]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Offset = Annotated[int, Field(ge=0)]
+Chunks = Annotated[
+    list[Annotated[list[Annotated[list[Offset], Field(min_length=2, max_length=2)]], Field(min_length=1)]],
+    Field(min_length=1, description="Late chunking: per input, its chunks as [start, end) character offsets into the "
+          "text (the model runs once over the whole text; each chunk's vector is the mean of the hidden states of the "
+          "tokens it overlaps). Answers one vector per chunk; a text over the model's window is refused (413).",
+          examples=[[[[0, 19], [20, 41]]]]),
+]
+LongInputs = Annotated[
+    bool | Literal["chunk"] | None,
+    Field(description="A text over the model's window: `true` truncates it, `false` refuses it (413), `chunk` "
+          "embeds it in windows of the model's length and answers their token-weighted mean; default: the "
+          "server's (GATEWAY_LONG_INPUTS, `truncate` unless set).", examples=["chunk"]),
+]
 
 
 class ClassifyRequest(_Request):
@@ -113,7 +127,7 @@ class EmbedRequest(_Request):
     normalize: bool | None = Field(
         None, description="L2-normalize the vectors; default: as the model was trained (its Normalize module).",
         examples=[True])
-    truncate: bool = True
+    truncate: LongInputs = None
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(
         None, description="A prompt of the model (GET /v1/models shows them) prepended to every input; "
@@ -121,17 +135,19 @@ class EmbedRequest(_Request):
     dimensions: int | None = Field(
         None, ge=1, description="Keep the first N components, then normalize (models built with matryoshka "
         "dimensions; GET /v1/models lists them).", examples=[64])
+    chunks: Chunks | None = None
     backend: Backend | None = None
 
     def to_query(self) -> EmbedQuery:
         return EmbedQuery(texts_of(self.inputs), prompt=Prompt(self.prompt_name), normalize=self.normalize,
                           dimensions=self.dimensions, truncate=self.truncate, direction=self.truncation_direction,
-                          backend=self.backend)
+                          backend=self.backend, chunks=self.chunks)
 
 
 class EmbedResponse(BaseModel):
     model: str
-    embeddings: list[list[float]]
+    embeddings: list[list[float]] | list[list[list[float]]] = Field(
+        description="One vector per input; with `chunks`, per input one vector per chunk.")
     dimensions: int
     usage: Usage
 
@@ -256,6 +272,9 @@ class OpenAIEmbeddingRequest(BaseModel):
     input_type: Literal["query", "passage"] | None = Field(
         None, description="NVIDIA NIM style: applies the model's `query` or `passage` prompt (text input only).",
         examples=["query"])
+    truncate: LongInputs = None
+    chunks: Chunks | None = Field(None, description="Late chunking (text input): as /embed's `chunks`; `data` then "
+                                  "holds one embedding per chunk, with its `input_index` and `chunk_index`.")
     user: str | None = None
 
     def to_query(self, cut: bool = False) -> EmbedQuery:
@@ -263,15 +282,18 @@ class OpenAIEmbeddingRequest(BaseModel):
         raw, prompt = self.input, Prompt(input_type=self.input_type)
         if isinstance(raw, list) and raw and isinstance(raw[0], (int, list)):
             rows = [cast(list[int], raw)] if isinstance(raw[0], int) else cast(list[list[int]], raw)
-            return EmbedQuery([], token_ids=rows, prompt=prompt, normalize=True, dimensions=self.dimensions)
+            return EmbedQuery([], token_ids=rows, prompt=prompt, normalize=True, dimensions=self.dimensions,
+                              truncate=self.truncate, chunks=self.chunks)
         return EmbedQuery(texts_of(cast(str | list[str], raw)), prompt=prompt, normalize=True,
-                          dimensions=self.dimensions, cut=cut)
+                          dimensions=self.dimensions, truncate=self.truncate, cut=cut, chunks=self.chunks)
 
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
+    input_index: int | None = Field(None, description="With `chunks`: the input this chunk's vector is of.")
+    chunk_index: int | None = Field(None, description="With `chunks`: which of the input's chunks it is.")
 
 
 class OpenAIUsage(BaseModel):

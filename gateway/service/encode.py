@@ -13,7 +13,7 @@ import numpy as np
 
 from contract import COLBERT_VECTORS, PER_TOKEN_OUTPUTS, TOKEN_WEIGHTS, TruncationDirection
 from gateway.errors import ErrorType, GatewayError
-from gateway.service.embed import check_dimensions, dense_vectors
+from gateway.service.embed import check_dimensions, finish
 from gateway.service.inference import BatchResult, Inputs
 from gateway.service.multi_vector import check_answer_size, has_output, leading_tokens_left_out
 from gateway.service.prompts import prompt_text, with_prompt
@@ -105,8 +105,7 @@ class EncodeService(Service):
         first = leading_tokens_left_out(COLBERT_VECTORS)
         return Encoded(
             served.name,
-            None if dense is None else dense_vectors(served, np.asarray(dense), normalize=query.normalize,
-                                                     dimensions=width),
+            None if dense is None else finish(served, np.asarray(dense), query.normalize, width),
             sparse_vectors,
             None if multi is None else [vectors[first:] for vectors in multi],
             result.tokens,
