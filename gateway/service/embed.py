@@ -10,7 +10,8 @@ import numpy as np
 from contract import TruncationDirection
 from gateway.errors import ErrorType, invalid
 from gateway.service.admission import Urgency
-from gateway.service.inference import Inference, Inputs
+from gateway.service.cache import ResultCache
+from gateway.service.inference import Inputs
 from gateway.service.inference.pipeline import token_input_unsupported
 from gateway.service.prompts import DEFAULT_PROMPT, Prompt, with_prompt
 from gateway.service.registry import Backend, ServedModel
@@ -78,7 +79,7 @@ class EmbedService(Service):
             inputs = Inputs(with_prompt(texts, query.prompt.prefix(served)), None, query.direction, urgency=urgency)
         width = check_dimensions(served, query.dimensions)
         vectors, tokens = await self.within_deadline(call, lambda deadline: embed(
-            self.inference, served, inputs, normalize=query.normalize, dimensions=width, truncate=query.truncate,
+            self.runtime.cache, served, inputs, normalize=query.normalize, dimensions=width, truncate=query.truncate,
             backend=query.backend, deadline=deadline))
         return Embeddings(served.name, vectors, tokens)
 
@@ -96,7 +97,7 @@ class EmbedService(Service):
 
 
 async def embed(
-    inference: Inference,
+    cache: ResultCache,
     model: ServedModel,
     inputs: Inputs,
     *,
@@ -106,10 +107,11 @@ async def embed(
     backend: Backend | None,
     deadline: float,
 ) -> tuple[np.ndarray, int]:
-    """Embeddings [n, dim] float32 in input order, and the billed token count. `dimensions` (checked
-    by check_dimensions) keeps the first components; normalization comes after it."""
-    result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-    vectors = result.rows if dimensions is None else result.rows[:, :dimensions]
+    """Embeddings [n, dim] float32 in input order, and the billed token count. The model's rows come through the
+    result cache (the same with it off); `dimensions` (checked by check_dimensions) keeps the first components;
+    normalization comes after it."""
+    rows, tokens = await cache.rows(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
+    vectors = rows if dimensions is None else rows[:, :dimensions]
     if model.normalize if normalize is None else normalize:
         vectors = l2_normalize(vectors)
-    return np.ascontiguousarray(vectors, dtype=np.float32), result.tokens
+    return np.ascontiguousarray(vectors, dtype=np.float32), tokens
