@@ -49,7 +49,8 @@ class RedisStore:
             return [None] * len(keys), None
         try:
             # bytes: the client does not decode responses
-            epoch, *values = cast(list[bytes | None], await self.redis.mget([epoch_key(model), *(KEY_PREFIX + k for k in keys)]))
+            names = [epoch_key(model), *(KEY_PREFIX + k for k in keys)]
+            epoch, *values = cast(list[bytes | None], await self.redis.mget(names))
             if epoch is None:
                 await self.redis.set(epoch_key(model), new_epoch(), nx=True)
         except (RedisError, OSError, TimeoutError) as exc:
