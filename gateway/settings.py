@@ -101,7 +101,7 @@ class GatewaySettings(BaseSettings):
     )
     cache_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="GATEWAY_CACHE=local: bytes of entries each worker keeps (a "
-        "768-dimensional vector takes about 3.5 KB); the least recently used are evicted past it.",
+        "768-dimensional vector takes about 3.4 KB); the least recently used are evicted past it.",
     )
     cache_redis_url: str = Field(
         "redis://localhost:6379/0", description="GATEWAY_CACHE=redis: the Redis server (redis:// or rediss:// URL, "
