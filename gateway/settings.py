@@ -91,6 +91,26 @@ class GatewaySettings(BaseSettings):
         "(Retry-After: the wait left). A 429 over GATEWAY_MAX_IN_FLIGHT is answered after the pause too (at most "
         "1 s). Clients retrying at once cannot take the CPU the admitted work needs; 0 = answer at once.",
     )
+    cache: Literal["off", "local", "redis"] = Field(
+        "off", description="The embedding result cache: the pooled vector of a text embedded before (same model "
+        "version, backend, prompt and truncation) is answered from it without inference; `dimensions`, "
+        "normalization and the output type are applied to it as to a fresh one. `local`: an LRU in each worker's "
+        "memory (GATEWAY_CACHE_BYTES each; workers do not share it); `redis`: one cache at "
+        "GATEWAY_CACHE_REDIS_URL that every worker and replica shares (bounded by Redis's maxmemory); `off`: none. "
+        "Off by default: only traffic that repeats texts gains from it, and each entry costs memory.",
+    )
+    cache_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="GATEWAY_CACHE=local: bytes of entries each worker keeps (a "
+        "768-dimensional vector takes about 3.4 KB); the least recently used are evicted past it.",
+    )
+    cache_redis_url: str = Field(
+        "redis://localhost:6379/0", description="GATEWAY_CACHE=redis: the Redis server (redis:// or rediss:// URL, "
+        "password and database included).",
+    )
+    cache_redis_timeout_s: float = Field(
+        0.05, gt=0, description="GATEWAY_CACHE=redis: a Redis call that takes longer fails; its texts are inferred "
+        "(a cache miss, counted in gateway_cache_errors_total) and Redis is left alone for a second.",
+    )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(
         30.0, gt=0, description="Deadline of a whole HTTP request (504 after) that does not say its own with "

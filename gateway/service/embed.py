@@ -14,7 +14,8 @@ import numpy as np
 from contract import TruncationDirection
 from gateway.errors import ErrorType, invalid
 from gateway.service.admission import Urgency
-from gateway.service.inference import Inference, Inputs
+from gateway.service.cache import ResultCache
+from gateway.service.inference import Inputs
 from gateway.service.inference.pipeline import token_input_unsupported
 from gateway.service.late_chunking import Span, late_chunk
 from gateway.service.long_inputs import can_chunk, embed_chunked
@@ -95,7 +96,7 @@ class EmbedService(Service):
             return Embeddings(served.name, finish(served, vectors, query.normalize, width), tokens)
         truncate = query.truncate is not False
         vectors, tokens = await self.within_deadline(call, lambda deadline: embed(
-            self.inference, served, inputs, normalize=query.normalize, dimensions=width, truncate=truncate,
+            self.runtime.cache, served, inputs, normalize=query.normalize, dimensions=width, truncate=truncate,
             backend=query.backend, deadline=deadline))
         return Embeddings(served.name, vectors, tokens)
 
@@ -131,7 +132,7 @@ class EmbedService(Service):
 
 
 async def embed(
-    inference: Inference,
+    cache: ResultCache,
     model: ServedModel,
     inputs: Inputs,
     *,
@@ -141,10 +142,11 @@ async def embed(
     backend: Backend | None,
     deadline: float,
 ) -> tuple[np.ndarray, int]:
-    """Embeddings [n, dim] float32 in input order, and the billed token count. `dimensions` (checked
-    by check_dimensions) keeps the first components; normalization comes after it."""
-    result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
-    return finish(model, result.rows, normalize, dimensions), result.tokens
+    """Embeddings [n, dim] float32 in input order, and the billed token count. The model's rows come through the
+    result cache (the same with it off); `dimensions` (checked by check_dimensions) keeps the first components;
+    normalization comes after it."""
+    rows, tokens = await cache.rows(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
+    return finish(model, rows, normalize, dimensions), tokens
 
 
 def finish(model: ServedModel, vectors: np.ndarray, normalize: bool | None, dimensions: int | None) -> np.ndarray:
