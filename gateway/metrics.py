@@ -20,6 +20,10 @@ Final names (the Grafana dashboard is built from them; all prefixed `gateway_`):
 | gateway_lane_wait_seconds | histogram | model, lane: the same per lane (`interactive`, `batch`: X-Priority) |
 | gateway_tokenize_seconds | histogram | model: tokenization time of one request in the gateway |
 | gateway_queued_texts | gauge | (none): texts waiting in the schedulers' queues |
+| gateway_cache_lookups_total | counter | model, result (`hit`, `miss`): texts looked up in the result cache |
+| gateway_cache_evictions_total | counter | (none): entries the per-worker cache evicted for room |
+| gateway_cache_bytes | gauge | (none): bytes the per-worker caches hold (all workers) |
+| gateway_cache_errors_total | counter | operation (`get`, `put`, `invalidate`): Redis calls that failed |
 
 The padding ratio is `gateway_scheduled_tokens_total{kind="computed"} / gateway_scheduled_tokens_total{kind="real"}`
 (1.0 = no padding).
@@ -148,6 +152,25 @@ QUEUED = Gauge(
     "gateway_queued_texts",
     "Texts waiting in the gateway's batch queues (all workers).",
     multiprocess_mode="livesum",
+)
+CACHE_LOOKUPS = Counter(
+    "gateway_cache_lookups_total",
+    "Texts looked up in the embedding result cache, by model and result (hit, miss).",
+    ("model", "result"),
+)
+CACHE_EVICTIONS = Counter(
+    "gateway_cache_evictions_total",
+    "Entries the per-worker result cache evicted to stay within GATEWAY_CACHE_BYTES.",
+)
+CACHE_BYTES = Gauge(
+    "gateway_cache_bytes",
+    "Bytes held by the per-worker result caches (all workers).",
+    multiprocess_mode="livesum",
+)
+CACHE_ERRORS = Counter(
+    "gateway_cache_errors_total",
+    "Calls to the shared result cache (Redis) that failed or timed out; the texts were inferred instead.",
+    ("operation",),
 )
 ERRORS = Counter(
     "gateway_errors_total",

@@ -60,7 +60,7 @@ class GatewaySettings(BaseSettings):
     )
     token_output_max_tokens: int = Field(
         8192, ge=1, description="Token budget of one batch whose per-token outputs come back (/embed_all, "
-        "/embed_sparse of bge-m3-style models; at least max_seq_len): the shm regions of such an output hold "
+        "/embed_sparse of bge-m3-style models, /encode; at least max_seq_len): the shm regions of such an output hold "
         "about 1.25 x this + max_seq_len tokens x floats per token x 4 bytes.",
     )
     max_batches_in_flight: int | Literal["auto"] = Field(
@@ -91,6 +91,26 @@ class GatewaySettings(BaseSettings):
         "(Retry-After: the wait left). A 429 over GATEWAY_MAX_IN_FLIGHT is answered after the pause too (at most "
         "1 s). Clients retrying at once cannot take the CPU the admitted work needs; 0 = answer at once.",
     )
+    cache: Literal["off", "local", "redis"] = Field(
+        "off", description="The embedding result cache: the pooled vector of a text embedded before (same model "
+        "version, backend, prompt and truncation) is answered from it without inference; `dimensions`, "
+        "normalization and the output type are applied to it as to a fresh one. `local`: an LRU in each worker's "
+        "memory (GATEWAY_CACHE_BYTES each; workers do not share it); `redis`: one cache at "
+        "GATEWAY_CACHE_REDIS_URL that every worker and replica shares (bounded by Redis's maxmemory); `off`: none. "
+        "Off by default: only traffic that repeats texts gains from it, and each entry costs memory.",
+    )
+    cache_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="GATEWAY_CACHE=local: bytes of entries each worker keeps (a "
+        "768-dimensional vector takes about 3.4 KB); the least recently used are evicted past it.",
+    )
+    cache_redis_url: str = Field(
+        "redis://localhost:6379/0", description="GATEWAY_CACHE=redis: the Redis server (redis:// or rediss:// URL, "
+        "password and database included).",
+    )
+    cache_redis_timeout_s: float = Field(
+        0.05, gt=0, description="GATEWAY_CACHE=redis: a Redis call that takes longer fails; its texts are inferred "
+        "(a cache miss, counted in gateway_cache_errors_total) and Redis is left alone for a second.",
+    )
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of each Triton gRPC call.")
     request_timeout_s: float = Field(
         30.0, gt=0, description="Deadline of a whole HTTP request (504 after) that does not say its own with "
@@ -111,9 +131,22 @@ class GatewaySettings(BaseSettings):
     max_input_chars: int = Field(
         100_000, ge=1, description="Longest input text in characters (413 above; truncation happens in tokens)."
     )
+    long_inputs: Literal["truncate", "chunk"] = Field(
+        "truncate", description="What /embed and /v1/embeddings do with a text over the model's window when the "
+        "request does not say (`truncate`): `truncate` cuts it; `chunk` embeds it in windows of the model's length "
+        "and answers their token-weighted mean (a request's `truncate: \"chunk\"`).",
+    )
+    chunk_overlap_tokens: int = Field(
+        0, ge=0, description="Chunked long inputs: tokens each window repeats of the one before (at most half a "
+        "window).",
+    )
+    max_chunked_tokens: int = Field(
+        65536, ge=1, description="Chunked long inputs: most tokens the texts of one request may hold (413 "
+        "`input_too_long` above); every window is a row of the model's batches.",
+    )
     max_token_values: int = Field(
         2**24, ge=1, description="Most floats one answer of per-token vectors may hold (/embed_all, "
-        "/embed_multi_vector, TEI's /embed_all): the tokens of every input (after truncation) x the floats per "
+        "/embed_multi_vector, /encode, TEI's /embed_all): the tokens of every input (after truncation) x the floats per "
         "token; 413 `answer_too_large` before inference above. The default holds what TEI's own default limits "
         "allow (32 inputs of 512 tokens) at 1,024 floats per token, about 180 MB of JSON.",
     )

@@ -45,7 +45,13 @@ BENCHMARKS: dict[str, Benchmark] = {
                        "recovery time"),
     "lanes": Benchmark("loadtest.lanes", "a bulk job (X-Priority: batch) beside interactive single texts: the "
                        "interactive p99 and the bulk goodput against each alone"),
+    "encode": Benchmark("loadtest.outputs", "several outputs of one forward pass (/encode) against a request per "
+                        "output, on a model with bge-m3's heads"),
+    "long-docs": Benchmark("loadtest.long_documents", "documents of 20k tokens chunked (truncate: chunk, batch lane) "
+                           "in a stream of single-text queries: the queries' p99 against theirs alone"),
     "ab-gateway": Benchmark("loadtest.ab_gateway", "two gateway revisions side by side on one tritonserver"),
+    "result-cache": Benchmark("loadtest.result_cache", "the embedding result cache: hit rates per worker against "
+                              "shared on a Zipf stream, and texts/s and p50 with it off and on"),
     "transports": Benchmark("loadtest.transports", "one call at a time: the gateway against direct tritonclient, "
                             "shared memory against plain gRPC"),
     "random-model": Benchmark("loadtest.models", "write a random-weight BERT checkpoint (+ tokenizer) the builder "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, cast
 
 from fastapi import APIRouter, Path, Query, Request
@@ -76,11 +77,20 @@ async def classify_route(body: ClassifyRequest, request: Request) -> Response:
 @api.post("/embed", response_class=OrjsonResponse, responses={200: {"model": EmbedResponse}})
 @runs("embed")
 async def embed_route(body: EmbedRequest, request: Request) -> Response:
-    """Embed one text or a list; one vector per input, in order, as floats or as the `embedding_type`'s integers."""
+    """Embed one text or a list; one vector per input, in order (with `chunks`: per input, one per chunk), as floats
+    or as the `embedding_type`'s integers."""
     result = await services(request).embed.embed(request.state, body.model, body.to_query())
     count_tokens(request, result.model, result.tokens)
-    return OrjsonResponse({"model": result.model, "embeddings": result.as_type(body.embedding_type),
-                           "dimensions": int(result.vectors.shape[1]), "usage": {"tokens": result.tokens}})
+    vectors = result.as_type(body.embedding_type)
+    embeddings = vectors if result.chunks is None else per_input(vectors, result.chunks)
+    return OrjsonResponse({"model": result.model, "embeddings": embeddings, "dimensions": int(result.vectors.shape[1]),
+                           "usage": {"tokens": result.tokens}})
+
+
+def per_input(rows: Any, counts: list[int]) -> list[Any]:
+    """`rows` (one per chunk, input by input) as one list of rows per input."""
+    ends = list(itertools.accumulate(counts))
+    return [rows[end - count:end] for end, count in zip(ends, counts)]
 
 
 @api.post("/v1/embeddings", response_class=OrjsonResponse, responses={200: {"model": OpenAIEmbeddingResponse}})
@@ -107,9 +117,17 @@ async def openai_embeddings(request: Request, embed: EmbedService, model: Served
     else:
         rows = result.as_type(body.embedding_type)
     data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    if result.chunks is not None:  # one embedding per chunk: which input and chunk it is
+        for item, (input_index, chunk_index) in zip(data, chunk_positions(result.chunks)):
+            item["input_index"], item["chunk_index"] = input_index, chunk_index
     tokens = result.tokens
     return OrjsonResponse({"object": "list", "data": data, "model": result.model,
                            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+def chunk_positions(counts: list[int]) -> list[tuple[int, int]]:
+    """(input, chunk) of each vector of a late-chunked answer."""
+    return [(i, j) for i, count in enumerate(counts) for j in range(count)]
 
 
 @api.post("/rerank", response_class=OrjsonResponse, responses={200: {"model": list[Rank]}})

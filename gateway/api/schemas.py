@@ -72,6 +72,20 @@ Direction = Annotated[
           examples=["left"]),
 ]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Offset = Annotated[int, Field(ge=0)]
+Chunks = Annotated[
+    list[Annotated[list[Annotated[list[Offset], Field(min_length=2, max_length=2)]], Field(min_length=1)]],
+    Field(min_length=1, description="Late chunking: per input, its chunks as [start, end) character offsets into the "
+          "text (the model runs once over the whole text; each chunk's vector is the mean of the hidden states of the "
+          "tokens it overlaps). Answers one vector per chunk; a text over the model's window is refused (413).",
+          examples=[[[[0, 19], [20, 41]]]]),
+]
+LongInputs = Annotated[
+    bool | Literal["chunk"] | None,
+    Field(description="A text over the model's window: `true` truncates it, `false` refuses it (413), `chunk` "
+          "embeds it in windows of the model's length and answers their token-weighted mean; default: the "
+          "server's (GATEWAY_LONG_INPUTS, `truncate` unless set).", examples=["chunk"]),
+]
 
 
 class ClassifyRequest(_Request):
@@ -120,7 +134,7 @@ class EmbedRequest(_Request):
     normalize: bool | None = Field(
         None, description="L2-normalize the vectors; default: as the model was trained (its Normalize module).",
         examples=[True])
-    truncate: bool = True
+    truncate: LongInputs = None
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(
         None, description="A prompt of the model (GET /v1/models shows them) prepended to every input; "
@@ -128,19 +142,21 @@ class EmbedRequest(_Request):
     dimensions: int | None = Field(
         None, ge=1, description="Keep the first N components, then normalize (models built with matryoshka "
         "dimensions; GET /v1/models lists them).", examples=[64])
+    chunks: Chunks | None = None
     backend: Backend | None = None
     embedding_type: EmbeddingType = Field("float", description=EMBEDDING_TYPE, examples=["int8"])
 
     def to_query(self) -> EmbedQuery:
         return EmbedQuery(texts_of(self.inputs), prompt=Prompt(self.prompt_name), normalize=self.normalize,
                           dimensions=self.dimensions, truncate=self.truncate, direction=self.truncation_direction,
-                          backend=self.backend, types=(self.embedding_type,))
+                          backend=self.backend, chunks=self.chunks, types=(self.embedding_type,))
 
 
 class EmbedResponse(BaseModel):
     model: str
-    embeddings: list[list[float]] | list[list[int]] = Field(
-        description="One vector per input: floats, or the integers of `embedding_type`.", examples=[[[-12, 87, 3]]])
+    embeddings: list[list[float]] | list[list[int]] | list[list[list[float]]] | list[list[list[int]]] = Field(
+        description="One vector per input (with `chunks`, per input one vector per chunk): floats, or the integers "
+        "of `embedding_type`.", examples=[[[-12, 87, 3]]])
     dimensions: int = Field(description="Components per vector (binary types pack 8 into each integer).")
     usage: Usage
 
@@ -265,6 +281,9 @@ class OpenAIEmbeddingRequest(BaseModel):
     input_type: Literal["query", "passage"] | None = Field(
         None, description="NVIDIA NIM style: applies the model's `query` or `passage` prompt (text input only).",
         examples=["query"])
+    truncate: LongInputs = None
+    chunks: Chunks | None = Field(None, description="Late chunking (text input): as /embed's `chunks`; `data` then "
+                                  "holds one embedding per chunk, with its `input_index` and `chunk_index`.")
     embedding_type: EmbeddingType = Field(
         "float", description="NVIDIA NIM style (the openai client sends it with `extra_body`): " + EMBEDDING_TYPE
         + " The integers come as JSON numbers: with any type but float, send `encoding_format: float` (400 "
@@ -277,15 +296,17 @@ class OpenAIEmbeddingRequest(BaseModel):
         if isinstance(raw, list) and raw and isinstance(raw[0], (int, list)):
             rows = [cast(list[int], raw)] if isinstance(raw[0], int) else cast(list[list[int]], raw)
             return EmbedQuery([], token_ids=rows, prompt=prompt, normalize=True, dimensions=self.dimensions,
-                              types=types)
+                              truncate=self.truncate, chunks=self.chunks, types=types)
         return EmbedQuery(texts_of(cast(str | list[str], raw)), prompt=prompt, normalize=True,
-                          dimensions=self.dimensions, cut=cut, types=types)
+                          dimensions=self.dimensions, truncate=self.truncate, cut=cut, chunks=self.chunks, types=types)
 
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | list[int] | str
+    input_index: int | None = Field(None, description="With `chunks`: the input this chunk's vector is of.")
+    chunk_index: int | None = Field(None, description="With `chunks`: which of the input's chunks it is.")
 
 
 class OpenAIUsage(BaseModel):
@@ -409,33 +430,3 @@ class ModelFamily(BaseModel):
 class FamilyList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelFamily]
-
-
-class _TeiOutputRequest(_Request):
-    """The fields of text-embeddings-inference's `/embed_sparse` and `/embed_all` (plus `backend`)."""
-
-    inputs: Inputs = Field(examples=[["what is deep learning"]])
-    truncate: bool = Field(True, description="Truncate texts over max_seq_len (else 413).")
-    truncation_direction: Direction = "right"
-    prompt_name: str | None = Field(None, description="A prompt of the model prepended to every input; default: "
-                                    "the model's default prompt, if any.", examples=["query"])
-    backend: Backend | None = None
-
-
-class EmbedSparseRequest(_TeiOutputRequest):
-    """text-embeddings-inference's `POST /embed_sparse` (plus `model` and `backend`)."""
-
-    model: str | None = Field(None, description="Served model NAME; optional when one model with a sparse output "
-                              "is served.", examples=["splade"])
-
-
-class SparseValue(BaseModel):
-    index: int = Field(description="Vocabulary index (token id).", examples=[2129])
-    value: float = Field(description="Its weight (non-zero).", examples=[1.37])
-
-
-class EmbedAllRequest(_TeiOutputRequest):
-    """text-embeddings-inference's `POST /embed_all` (plus `model` and `backend`); also `/embed_multi_vector`."""
-
-    model: str | None = Field(None, description="Served model NAME; optional when one model with per-token "
-                              "outputs is served.", examples=["bge-m3"])

@@ -1,5 +1,5 @@
 """HTTP routes of sparse and per-token vectors, in text-embeddings-inference's shapes: `/embed_sparse`,
-`/embed_all`, and `/embed_multi_vector` (ColBERT vectors)."""
+`/embed_all`, and `/embed_multi_vector` (ColBERT vectors); and `/encode`, several of them from one forward pass."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from starlette.responses import Response
 from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS
 from gateway.api.responses import OrjsonResponse, json_answer
 from gateway.api.routes import _ERRORS, count_tokens, services, texts_of
-from gateway.api.schemas import EmbedAllRequest, EmbedSparseRequest, SparseValue
+from gateway.api.vector_schemas import EmbedAllRequest, EmbedSparseRequest, EncodeRequest, EncodeResponse, SparseValue
 from gateway.service.sparse import SparseVector
 
 vectors = APIRouter(responses={**_ERRORS, 424: _ERRORS[404]})
@@ -54,3 +54,17 @@ async def embed_multi_vector_route(body: EmbedAllRequest, request: Request) -> R
     """ColBERT vectors (models with bge-m3's colbert_linear.pt): normalize(colbert_linear(hidden)) for every
     token but the first (CLS), `[[[float] per token] per input]`, as FlagEmbedding's colbert_vecs."""
     return await _per_token(request, body, COLBERT_VECTORS)
+
+
+@vectors.post("/encode", response_class=OrjsonResponse, responses={200: {"model": EncodeResponse}})
+async def encode_route(body: EncodeRequest, request: Request) -> Response:
+    """Several outputs of one execution of the model (bge-m3's dense, sparse and ColBERT outputs), each in the shape
+    its own route answers: `dense` as /embed's `embeddings`, `sparse` as /embed_sparse, `multi_vector` as
+    /embed_multi_vector; an output not asked for is null. The tokens are billed once."""
+    result = await services(request).encode.encode(request.state, body.model, body.to_query())
+    count_tokens(request, result.model, result.tokens)
+    sparse = None if result.sparse is None else sparse_json(result.sparse)
+    floats = sum(a.size for a in (result.dense, *(result.multi_vector or ()), *(v for _, v in result.sparse or ()))
+                 if a is not None)
+    return await json_answer({"model": result.model, "dense": result.dense, "sparse": sparse,
+                              "multi_vector": result.multi_vector, "usage": {"tokens": result.tokens}}, floats=floats)

@@ -79,6 +79,7 @@ class ModelAdmin:
                     await self.runtime.client.load_model(entry, timeout)
             finally:
                 self.runtime.registry.changing(name, None)
+                await self.runtime.cache.invalidate(name)  # after Triton switched: no old row is stored after it
             return await self.family(name)
 
     async def unload(self, name: str, call: Call | None = None) -> Family:
@@ -97,6 +98,7 @@ class ModelAdmin:
                 await self._until_let_go(name, deadline, timeout)
             finally:
                 self.runtime.registry.changing(name, None)
+                await self.runtime.cache.invalidate(name)
             return await self.family(name)
 
     async def _until_let_go(self, name: str, deadline: float, timeout: float) -> None:

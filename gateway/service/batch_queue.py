@@ -18,8 +18,11 @@ from contract.batching import Shapes
 from gateway import tracing
 from gateway.service.admission import Lane
 
-# what a caller gets: [n, width] float32, or per token (`per_token`) one [tokens_i, ...] array per text
-Outputs = np.ndarray | list[np.ndarray | None]
+# What one text gets of a per-token scheduler: its [tokens_i, ...] array, or one array per output when a call asks
+# the step for several (service/batch_tensors.py StepOutputs).
+RowOutput = np.ndarray | tuple[np.ndarray, ...]
+# what a caller gets: [n, width] float32, or per token (`per_token`) one RowOutput per text
+Outputs = np.ndarray | list[RowOutput | None]
 QUEUED, BATCHED, DROPPED = 0, 1, 2
 
 
@@ -86,7 +89,7 @@ class Caller:
                 batch.task.cancel()  # nobody waits for it: stop the Triton call
 
 
-def deliver(batch: list[Row], results: list[np.ndarray]) -> None:
+def deliver(batch: list[Row], results: list[RowOutput]) -> None:
     """Each row's output to its caller; a caller whose rows are all in is woken with them (unless it gave up)."""
     for row, output in zip(batch, results):
         caller = row.caller

@@ -4,11 +4,13 @@ back as one output per row."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from contract import ATTENTION_MASK, CU_SEQLENS, INPUT_IDS, TOKEN_TYPE_IDS
 from contract.batching import Shapes
+from gateway.service.batch_queue import RowOutput
 
 
 def _types(ids: Sequence[np.ndarray], types: Sequence[np.ndarray | None]) -> np.ndarray | None:
@@ -47,10 +49,21 @@ def packed_tensors(ids: Sequence[np.ndarray], types: Sequence[np.ndarray | None]
     return {INPUT_IDS: input_ids[None], TOKEN_TYPE_IDS: token_types[None], CU_SEQLENS: cu[None]}
 
 
-def outputs_by_row(outputs: np.ndarray, lengths: Sequence[int], tensors: dict[str, np.ndarray],
-                   per_token: bool) -> list[np.ndarray]:
+@dataclass(frozen=True, slots=True)
+class StepOutputs:
+    """Several outputs of one step call (one forward pass), each pooled ([rows, ...]) or per token."""
+
+    arrays: tuple[np.ndarray, ...]
+    per_token: tuple[bool, ...]
+
+
+def outputs_by_row(outputs: np.ndarray | StepOutputs, lengths: Sequence[int], tensors: dict[str, np.ndarray],
+                   per_token: bool) -> list[RowOutput]:
     """Each row's output: its row of a pooled output; its own tokens of a per-token one ([rows, width, ...]
-    padded, [T, ...] packed)."""
+    padded, [T, ...] packed); of several outputs, a tuple of those."""
+    if isinstance(outputs, StepOutputs):
+        split = [outputs_by_row(array, lengths, tensors, each) for array, each in zip(outputs.arrays, outputs.per_token)]
+        return list(zip(*split))
     if not per_token:
         return list(outputs)
     if CU_SEQLENS in tensors:

@@ -15,7 +15,7 @@ import numpy as np
 
 from contract import COLBERT_VECTORS, TOKEN_EMBEDDINGS, TruncationDirection
 from gateway.errors import ErrorType, GatewayError
-from gateway.service.inference import Inputs
+from gateway.service.inference import Inference, Inputs
 from gateway.service.prompts import prompt_text, with_prompt
 from gateway.service.registry import Backend, ServedModel
 from gateway.service.serving import Call, Service
@@ -39,8 +39,13 @@ _OUTPUTS = {
 }
 
 
-def _has(model: ServedModel, output: str) -> bool:
+def has_output(model: ServedModel, output: str) -> bool:
     return model.task == "embed" and model.endpoint(None).token_width(output) is not None
+
+
+def leading_tokens_left_out(output: str) -> int:
+    """How many leading tokens the per-token `output`'s answer leaves out (ColBERT: the CLS token)."""
+    return _OUTPUTS[output].first
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,31 +65,33 @@ class MultiVectorService(Service):
         """The per-token `output` of every text; `model` None: the only served model that returns it."""
         spec = _OUTPUTS[output]
         self.check_texts(call, texts)
-        served = await self.model_with(call, model, lambda m: _has(m, output), spec.what)
-        if not _has(served, output):  # 424
+        served = await self.model_with(call, model, lambda m: has_output(m, output), spec.what)
+        if not has_output(served, output):  # 424
             raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {served.name!r} has no {output} output: "
                                f"{spec.route} serves {spec.served}")
         inputs = Inputs(with_prompt(texts, prompt_text(served, prompt_name)), None, direction,
                         urgency=self.urgency(call))
-        await self._check_answer_size(served, output, inputs)
+        await check_answer_size(self.inference, self.max_token_values, served, output, inputs)
         result = await self.within_deadline(call, lambda deadline: self.inference.run(
-            served, inputs, truncate=truncate, backend=backend, deadline=deadline, output=output))
+            served, inputs, truncate=truncate, backend=backend, deadline=deadline, outputs=(output,)))
         return TokenVectors(served.name, [vectors[spec.first:] for vectors in result.per_text], result.tokens)
 
-    async def _check_answer_size(self, model: ServedModel, output: str, inputs: Inputs) -> None:
-        """413 `answer_too_large` when the answer would hold more than GATEWAY_MAX_TOKEN_VALUES floats: every
-        input's tokens after truncation (less the leading ones left out) x the output's floats per token. Bounded
-        by max_seq_len tokens per input first; the texts are tokenized to count only when that bound is over."""
-        width, first = model.endpoint(None).token_width(output) or 1, _OUTPUTS[output].first
-        limit = self.max_token_values
-        per_input = max(model.max_seq_len - first, 0)
-        tokenizer = self.inference.tokenizer_for(model)
-        if len(inputs) * per_input * width <= limit or tokenizer is None:  # None: the pipeline answers 501
-            return
-        counts = (await tokenizer.encode(inputs.texts, None, inputs.direction)).num_tokens
-        tokens = int((np.minimum(counts, model.max_seq_len) - first).clip(min=0).sum())
-        if tokens * width > limit:
-            raise GatewayError(ErrorType.ANSWER_TOO_LARGE, f"the answer would hold {tokens * width:,} floats ({tokens:,} "
-                               f"tokens x {width} per token), over the {limit:,} one request may ask for "
-                               f"(GATEWAY_MAX_TOKEN_VALUES): send at most {limit // width:,} tokens per request, "
-                               f"e.g. {max(1, limit // (width * max(per_input, 1)))} texts of {model.max_seq_len} tokens")
+
+
+async def check_answer_size(inference: Inference, limit: int, model: ServedModel, output: str, inputs: Inputs) -> None:
+    """413 `answer_too_large` when the per-token `output` of `inputs` would hold more than `limit` floats
+    (GATEWAY_MAX_TOKEN_VALUES): every input's tokens after truncation (less the leading ones left out) x the
+    output's floats per token. Bounded by max_seq_len tokens per input first; the texts are tokenized to count only
+    when that bound is over."""
+    width, first = model.endpoint(None).token_width(output) or 1, _OUTPUTS[output].first
+    per_input = max(model.max_seq_len - first, 0)
+    tokenizer = inference.tokenizer_for(model)
+    if len(inputs) * per_input * width <= limit or tokenizer is None:  # None: the pipeline answers 501
+        return
+    counts = (await tokenizer.encode(inputs.texts, None, inputs.direction)).num_tokens
+    tokens = int((np.minimum(counts, model.max_seq_len) - first).clip(min=0).sum())
+    if tokens * width > limit:
+        raise GatewayError(ErrorType.ANSWER_TOO_LARGE, f"the answer would hold {tokens * width:,} floats ({tokens:,} "
+                           f"tokens x {width} per token), over the {limit:,} one request may ask for "
+                           f"(GATEWAY_MAX_TOKEN_VALUES): send at most {limit // width:,} tokens per request, "
+                           f"e.g. {max(1, limit // (width * max(per_input, 1)))} texts of {model.max_seq_len} tokens")

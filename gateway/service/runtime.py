@@ -13,6 +13,7 @@ from tritonclient.grpc import model_config_pb2
 
 from gateway.errors import GatewayError
 from gateway.service.admission import INTERACTIVE, Urgency
+from gateway.service.cache import ResultCache, make_store
 from gateway.service.inference import Inference, Inputs
 from gateway.service.registry import Backend, Registry, ServedModel, Task
 from gateway.settings import GatewaySettings
@@ -50,6 +51,7 @@ class Runtime:
         self.client = TritonClient(settings)
         self.registry = Registry(settings.refresh_interval_s)
         self.inference = Inference(self.client, settings, on_model_gone=self._refresh_soon)
+        self.cache = ResultCache(make_store(settings), self.registry, self.inference)
         self._refresh_lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
         self._soon: asyncio.Task[None] | None = None
@@ -223,4 +225,5 @@ class Runtime:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.inference.close()
+        await self.cache.close()
         await self.client.close()

@@ -49,13 +49,14 @@ from gateway import tracing
 from gateway.errors import ErrorType, GatewayError, unavailable
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import LANES, Backlog, Lane
-from gateway.service.batch_queue import BATCHED, QUEUED, Batch, Caller, LaneQueue, Outputs, Row, deliver
-from gateway.service.batch_tensors import outputs_by_row, packed_tensors, padded_tensors
+from gateway.service.batch_queue import BATCHED, QUEUED, Batch, Caller, LaneQueue, Outputs, Row, RowOutput, deliver
+from gateway.service.batch_tensors import StepOutputs, outputs_by_row, packed_tensors, padded_tensors
 
 log = logging.getLogger("gateway.scheduler")
 
-# (named int32 input tensors, rows, deadline) -> outputs [rows, width_out] float32
-RunBatch = Callable[[dict[str, np.ndarray], int, float], Awaitable[np.ndarray]]
+# (named int32 input tensors, rows, deadline) -> outputs [rows, width_out] float32 (a per-token scheduler: its
+# per-token output, or several outputs of one call)
+RunBatch = Callable[[dict[str, np.ndarray], int, float], Awaitable[np.ndarray | StepOutputs]]
 # A batch-lane row leads a batch once its deadline is this many calls away (each call's time as the backlog has
 # measured it), or this many seconds, whichever is later: it waits behind interactive work, never past its deadline.
 DUE_CALLS = 4
@@ -258,7 +259,7 @@ class BatchScheduler:
     async def _run(self, batch: list[Row], rows: int, tokens: int, handle: Batch) -> None:
         start = time.perf_counter()
         mark = self.backlog.call_started()
-        results: list[np.ndarray] | None = None
+        results: list[RowOutput] | None = None
         try:
             p, ids, types = self.policy, [row.ids for row in batch], [row.types for row in batch]
             if p.layout == "packed":

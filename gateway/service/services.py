@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from gateway.service.catalog import CatalogService
 from gateway.service.classify import ClassifyService
 from gateway.service.embed import EmbedService
+from gateway.service.encode import EncodeService
 from gateway.service.multi_vector import MultiVectorService
 from gateway.service.rerank import RerankService
 from gateway.service.runtime import Runtime
@@ -22,9 +23,11 @@ class Services:
     tokens: TokenService
     sparse: SparseService
     multi_vector: MultiVectorService
+    encode: EncodeService
     catalog: CatalogService
 
     @classmethod
     def of(cls, runtime: Runtime) -> Services:
         return cls(EmbedService(runtime), ClassifyService(runtime), RerankService(runtime), TokenService(runtime),
-                   SparseService(runtime), MultiVectorService(runtime), CatalogService(runtime))
+                   SparseService(runtime), MultiVectorService(runtime), EncodeService(runtime),
+                   CatalogService(runtime))

@@ -78,7 +78,7 @@ async def embed_sparse(
         result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline)
         return from_rows(result.rows), result.tokens
     result = await inference.run(model, inputs, truncate=truncate, backend=backend, deadline=deadline,
-                                 output=TOKEN_WEIGHTS)
+                                 outputs=(TOKEN_WEIGHTS,))
     assert result.ids is not None  # per-token outputs run on the scheduler pipeline, which knows the ids
     vectors = [from_token_weights(ids, weights, model.sparse_skip_ids) for ids, weights in zip(result.ids, result.per_text)]
     return vectors, result.tokens

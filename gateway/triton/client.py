@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,10 +209,17 @@ class TritonClient:
         or packed [1, T] with cu_seqlens [1, rows + 1]; docs/contract.md); the output fp32 of `shape` ([rows,
         width_out]; a per-token output [rows, width, dim] padded, [T, dim] packed). `pool`: the shm pool to
         lease from when it is not the step's own (a per-token output has a pool of its own)."""
-        inputs = [Tensor(name, tensor) for name, tensor in tensors.items()]
-        (result,) = await self._call(step, pool or step, inputs, [Wanted(output.name, np.float32, shape)],
-                                     output.label, deadline)
+        (result,) = await self.infer_outputs(step, tensors, [(output, shape)], deadline, pool)
         return result
+
+    async def infer_outputs(
+        self, step: str, tensors: dict[str, np.ndarray], outputs: Sequence[tuple[Output, tuple[int, ...]]],
+        deadline: float | None = None, pool: str | None = None,
+    ) -> list[np.ndarray]:
+        """`infer_step` for several outputs of one call (one forward pass): each output with its shape, in order."""
+        inputs = [Tensor(name, tensor) for name, tensor in tensors.items()]
+        wanted = [Wanted(output.name, np.float32, shape) for output, shape in outputs]
+        return await self._call(step, pool or step, inputs, wanted, outputs[0][0].label, deadline)
 
     async def _call(
         self, model: str, pool_name: str, inputs: list[Tensor], outputs: list[Wanted], label: str,

@@ -30,7 +30,7 @@ fi
 download "$out/b/whl" pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.7.0 typing-inspection==0.4.5
 download "$out/b/whl" fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 pydantic-settings==2.16.3 \
   python-dotenv==1.2.4 orjson==3.13.0 tritonclient==2.73.0 python-rapidjson==1.25 opentelemetry-api==1.45.2 \
-  numpy==1.26.4 swagger-ui-bundle==1.1.0 sniffio==1.3.1
+  numpy==1.26.4 swagger-ui-bundle==1.1.0 sniffio==1.3.1 cachetools==8.0.2 redis==8.1.0
 if [ ! -f "$out/b/tritonserver.tar.xz" ]; then
   home=$(PYTHON=${PYTHON:-.venv/bin/python} scripts/fetch-tritonserver | tail -1)
   base=$(dirname "$(dirname "$home")")  # keep the wheel's layout: pytriton/tritonserver beside nvidia_pytriton.libs

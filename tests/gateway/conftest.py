@@ -17,6 +17,7 @@ from devstack.tritonserver import TritonServer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from tests.fixtures.repository import PYTHON_CPU, build_repository
+from devstack.redis_server import RedisServer
 from tests.fixtures.shared import SharedRepositories
 from tests.fixtures.tiny_models import (
     write_tiny_cross_encoder,
@@ -109,6 +110,13 @@ def issue23_repository(issue23_models: dict[str, Path], shared: SharedRepositori
 def issue23_server(issue23_repository: Path, shared: SharedRepositories) -> TritonServer:
     """A real tritonserver serving `issue23_repository` (killed at the end of the session)."""
     return shared.server("issue23")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server without persistence, one per session (tests/fixtures/redis_server.py)."""
+    with RedisServer(tmp_path_factory.mktemp("redis") / "redis.log") as server:
+        yield server
 
 
 def shm_segments(prefix: str) -> list[str]:

@@ -2,7 +2,7 @@
 and 6), with the builder's XLM-R models (issue 23's repository: e5 with per-token hidden states, m3 with ColBERT
 vectors) on a real tritonserver:
 
-- GATEWAY_MAX_TOKEN_VALUES bounds the floats of a per-token answer (/embed_all, /embed_multi_vector, TEI's
+- GATEWAY_MAX_TOKEN_VALUES bounds the floats of a per-token answer (/embed_all, /embed_multi_vector, /encode, TEI's
   /embed_all): over it, 413 `answer_too_large` naming the bound and how to stay under it, and Triton ran nothing;
   under it (counted exactly, not by max_seq_len), the answer;
 - GATEWAY_MAX_TOKENIZE_TOKENS bounds the tokens of a /tokenize answer (also TEI's);
@@ -57,7 +57,7 @@ async def test_per_token_answers_and_tokenize_answers_are_bounded(issue23_server
         assert fits.status_code == 200, fits.text
         assert sum(len(rows) for rows in fits.json()) * HIDDEN_SIZE <= limit
         many = [f"sentence number {i} about deep learning" for i in range(12)]
-        for route, model in (("/embed_all", "e5"), ("/embed_multi_vector", "m3")):
+        for route, model in (("/embed_all", "e5"), ("/embed_multi_vector", "m3"), ("/encode", "m3")):
             before = inferences(issue23_server, model)
             r = await client.post(route, json={"model": model, "inputs": many})
             assert r.status_code == 413, r.text

@@ -49,6 +49,7 @@ OPERATIONS = {
     "POST /embed_sparse",
     "POST /embed_all",
     "POST /embed_multi_vector",
+    "POST /encode",
     "GET /v1/models/{model_id}",
     "GET /admin/models",
     "GET /admin/models/{name}",
@@ -83,7 +84,7 @@ ADMIN = {label for label in OPERATIONS if " /admin/" in label}
 NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /decode", "GET /v1/models/{model_id}",
                    *ADMIN, "POST /tei/{model}/predict", "POST /tei/{model}/rerank", "POST /tei/{model}/tokenize",
                    "POST /tei/{model}/decode", "POST /v2/rerank",
-                   "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector",
+                   "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector", "POST /encode",
                    "POST /tei/{model}/embed_sparse", "POST /tei/{model}/embed_all"}  # the fake embedder: 424
 MAX_EXAMPLES = 30  # per operation and generation mode, on top of the schema's examples and the coverage phase (50 took
 # ~11 s of the 5-minute default run; the coverage phase already sends every documented edge case)

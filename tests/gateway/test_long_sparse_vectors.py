@@ -8,7 +8,9 @@ gateway, and compared with their oracles (tiny random checkpoints made offline):
 - bge-m3 lexical weights and ColBERT vectors against FlagEmbedding's BGEM3 math (its `_sparse_embedding`,
   `_process_token_weights`, `_colbert_embedding`, `_process_colbert_vecs`) in PyTorch: FlagEmbedding itself
   needs `datasets`, `peft` and `ir-datasets`, which the test environment does not carry;
-- `/embed_all` against `last_hidden_state`: cosine >= 0.9999 per token.
+- `/embed_all` against `last_hidden_state`: cosine >= 0.9999 per token;
+- `/encode`: bge-m3's dense, lexical and ColBERT outputs from one execution of the model step, each equal to what
+  its own route answers (checked against its oracle above) to 1e-6, at 8,192 tokens too.
 One repository and one tritonserver for the session (tests/gateway/conftest.py), one gateway for the module."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import tritonclient.grpc as grpcclient
 import numpy as np
 import pytest
 import torch
@@ -27,6 +30,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from devstack.tritonserver import TritonServer
 from tests.fixtures.tiny_models import long_text
+from tests.fixtures.waiting import until
 from tests.gateway.conftest import running_gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -258,3 +262,51 @@ async def test_ensemble_pipeline_serves_splade_rows_but_not_per_token_outputs(
         for route, name in (("/embed_all", "e5"), ("/embed_sparse", "m3"), ("/embed_multi_vector", "m3")):
             response = await http.post(route, json={"model": name, "inputs": ["hello"]})
             assert response.status_code == 501 and response.json()["error"]["type"] == "pipeline_unsupported"
+
+
+def _executions(triton: TritonServer, step: str) -> int:
+    stats = grpcclient.InferenceServerClient(triton.grpc_url).get_inference_statistics(step, as_json=True)
+    return sum(int(entry.get("execution_count", 0)) for entry in stats["model_stats"])
+
+
+async def test_encode_gives_every_bge_m3_output_from_one_forward_pass(
+        client: httpx.AsyncClient, triton: TritonServer, long_texts: dict[str, str]) -> None:
+    texts = [*SHORT, CJK[0], "good good movie movie", long_texts["over"]]  # the last is cut at 8,192 tokens
+    body = await _post(client, "/encode", {"model": "m3", "inputs": texts})
+    assert None not in body.values()
+    embedded = await _post(client, "/embed", {"model": "m3", "inputs": texts})
+    np.testing.assert_allclose(body["dense"], embedded["embeddings"], rtol=0, atol=1e-6)
+    assert body["usage"] == embedded["usage"]  # billed once
+    sparse = await _post(client, "/embed_sparse", {"model": "m3", "inputs": texts})
+    assert [[i["index"] for i in row] for row in body["sparse"]] == [[i["index"] for i in row] for row in sparse]
+    np.testing.assert_allclose([i["value"] for row in body["sparse"] for i in row],
+                               [i["value"] for row in sparse for i in row], rtol=0, atol=1e-6)
+    multi = await _post(client, "/embed_multi_vector", {"model": "m3", "inputs": texts})
+    assert [len(v) for v in body["multi_vector"]] == [len(v) for v in multi] and len(multi[-1]) == 8191
+    for got, want in zip(body["multi_vector"], multi):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+    # Triton counts an execution once it has answered: each wait ends on a later request's own execution, which
+    # the instance starts after the ones before it are counted.
+    small = {"model": "m3", "inputs": [*SHORT, CJK[1]]}  # one batch
+    for routes, executions in ((["/encode"], 1), (["/embed", "/embed_sparse", "/embed_multi_vector"], 3)):
+        before = _executions(triton, "m3_onnx")
+        for route in [*routes, "/embed"]:
+            await _post(client, route, small)
+        await until(lambda: _executions(triton, "m3_onnx") - before >= executions + 1, "the last /embed's execution")
+        assert _executions(triton, "m3_onnx") - before == executions + 1
+
+
+async def test_encode_answers_what_is_asked_and_424_for_what_a_model_lacks(client: httpx.AsyncClient) -> None:
+    texts = [*SHORT, CJK[2]]
+    body = await _post(client, "/encode", {"model": "m3", "inputs": texts, "outputs": ["sparse", "multi_vector"]})
+    assert body["dense"] is None and len(body["sparse"]) == len(body["multi_vector"]) == 3
+    body = await _post(client, "/encode", {"model": "e5", "inputs": texts, "outputs": ["dense"], "dimensions": 32})
+    assert np.asarray(body["dense"]).shape == (3, 32)
+    _same_sparse((await _post(client, "/encode", {"model": "splade5", "inputs": texts, "outputs": ["sparse"]}))["sparse"],
+                 await _post(client, "/embed_sparse", {"model": "splade5", "inputs": texts}))
+    for name, outputs, lacks in (("e5", ["dense", "sparse"], "sparse"), ("splade5", ["dense"], "dense"),
+                                 ("mb", ["multi_vector"], "multi_vector")):
+        response = await client.post("/encode", json={"model": name, "inputs": texts, "outputs": outputs})
+        assert response.status_code == 424, response.text
+        assert f"has no {lacks} output" in response.json()["error"]["message"]

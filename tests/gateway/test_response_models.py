@@ -86,6 +86,8 @@ CASES: dict[tuple[str, str], list[Case]] = {
     ("POST", "/embed_sparse"): [Case("/embed_sparse", {"model": name, "inputs": ["deep learning"]}, "issue23")
                                 for name in ("m3", "splade5")],
     ("POST", "/embed_all"): [Case("/embed_all", {"model": "m3", "inputs": ["deep learning", "a"]}, "issue23")],
+    ("POST", "/encode"): [Case("/encode", {"model": "m3", "inputs": ["deep", "a b"]}, "issue23"),
+                          Case("/encode", {"model": "m3", "inputs": "deep", "outputs": ["sparse"]}, "issue23")],
     ("POST", "/embed_multi_vector"): [Case("/embed_multi_vector", {"model": "m3", "inputs": ["deep", "a b"]},
                                            "issue23")],
     ("POST", "/v2/embed"): [

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from devstack.tritonserver import REPO_ROOT
+from loadtest.models import make_bert
 from loadtest.results_table import read_rows
+from tests.fixtures.repository import PYTHON_CPU
+from tests.fixtures.shared import SharedRepositories
 
 
 def run_loadtest(*args: str, timeout: int = 300) -> str:
@@ -124,3 +127,23 @@ def test_transports_times_each_path_and_appends_its_p50s(tmp_path: Path, own_res
     assert [r.value for r in rows] == [pytest.approx(float(p50), abs=0.006) for _, _, p50 in table]
 
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_encode_runs_one_request_against_one_per_output(shared: SharedRepositories, tmp_path: Path,
+                                                        own_results_table: Path) -> None:
+    """`python -m loadtest encode` on a tiny embedder with bge-m3's heads (loadtest/models.py `--heads`): both output
+    sets, both arms, every status counted; /encode runs the model once where the routes apart run it per output."""
+    model = make_bert(tmp_path / "m3", "embed", "tiny", heads=True)
+    repository = shared.repository("encode-bench", [{"model": str(model), "task": "embed", "name": "m3"}], **PYTHON_CPU)
+    out = run_loadtest("encode", "--repository", str(repository), "--model", "m3", "--texts", "4", "--clients", "2",
+                       "--seconds", "1", "--warmup", "0.5", "--rounds", "2", "--out", str(tmp_path / "out"),
+                       timeout=500)
+    assert "statuses of every request, warm-up included: {200:" in out and "| dense+sparse+multi_vector | all |" in out
+    rows = {r.metric: r.value for r in read_rows(own_results_table)}
+    assert rows["errors, warm-up included"] == 0
+    for name in ("dense+sparse+multi_vector", "dense+sparse"):
+        assert rows[f"{name}: one /encode texts/s"] > 0 and rows[f"{name}: a request per output texts/s"] > 0
+        one, apart = rows[f"{name}: executions per 1,000 texts, one"], rows[f"{name}: executions per 1,000 texts, apart"]
+        assert apart > one > 0  # each request per output runs the model again (Triton may merge a few)

@@ -45,17 +45,18 @@ class Inference:
 
     async def run(
         self, model: ServedModel, inputs: Inputs, *, truncate: bool, backend: Backend | None, deadline: float,
-        output: str | None = None,
+        outputs: tuple[str, ...] = (),
     ) -> BatchResult:
         """Infer all `inputs` (any count) on `model` by `deadline` (time.monotonic()); 413 before any
         inference when `truncate` is off and an input is too long (where the gateway can tokenize).
-        `output`: a per-token output of the step (contract.PER_TOKEN_OUTPUTS) instead of the pooled one: only
-        the scheduler pipeline has those."""
+        `outputs`: the step's outputs to compute in one forward pass, when not only the pooled one (per-token
+        outputs of contract.PER_TOKEN_OUTPUTS, the pooled one among them or not): only the scheduler pipeline has
+        those, and the result holds them text by text (one output: `per_text`; several: `per_text_outputs`)."""
         endpoint = model.endpoint(backend)
         try:
-            if output is not None:
+            if outputs and outputs != (model.output_name,):
                 return await self.scheduled.run(model, endpoint, inputs, truncate=truncate, deadline=deadline,
-                                                output=output)
+                                                outputs=outputs)
             return await self._pipeline(endpoint).run(model, endpoint, inputs, truncate=truncate, deadline=deadline)
         except GatewayError as exc:
             if exc.type is ErrorType.MODEL_UNAVAILABLE:

@@ -57,9 +57,17 @@ class BatchResult:
     @property
     def per_text(self) -> list[np.ndarray]:
         """The outputs text by text: a per-token output's [tokens_i, ...] array for each text."""
-        texts = [output for output in self.outputs if output is not None]
+        texts = [output for output in self.outputs if isinstance(output, np.ndarray)]
         if len(texts) != len(self.outputs):
-            raise RuntimeError("a text's output is missing")
+            raise RuntimeError("a text's output is missing or holds several outputs")
+        return texts
+
+    @property
+    def per_text_outputs(self) -> list[tuple[np.ndarray, ...]]:
+        """The outputs of a call that asked for several, text by text: one array per output, in the order asked."""
+        texts = [output for output in self.outputs if isinstance(output, tuple)]
+        if len(texts) != len(self.outputs):
+            raise RuntimeError("a text's outputs are missing")
         return texts
 
 

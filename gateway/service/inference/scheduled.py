@@ -1,8 +1,9 @@
 """The scheduler pipeline: the gateway tokenizes (the repository's tokenizer.json), knows every length before any
 inference (exact usage; `truncate: false` refused before compute), and hands the rows to the model step's
 BatchScheduler, which batches by length under a token budget and calls NAME_trt_fp16 / NAME_onnx directly with
-token ids in shared memory. A per-token output of a step (/embed_all, bge-m3's lexical weights) has a scheduler of
-its own, made on first use, that shares the step's tokenizer and has an shm pool sized by its own token budget."""
+token ids in shared memory. A per-token output of a step (/embed_all, bge-m3's lexical weights), or several outputs
+of one call (/encode: bge-m3's dense, lexical and ColBERT outputs of one forward pass), has a scheduler of its own,
+made on first use, that shares the step's tokenizer and has an shm pool sized by its own token budget."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gateway import tracing
 from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import BatchMetrics
 from gateway.service.admission import Backlog
+from gateway.service.batch_tensors import StepOutputs
 from gateway.service.inference.pipeline import BatchResult, Inputs, check_lengths, endpoint_setup
 from gateway.service.inference.planning import batch_policy, input_sizes, token_shape
 from gateway.service.registry import Endpoint, ServedModel
@@ -39,13 +41,13 @@ class StepPipeline:
     sha256: str
     scheduler: BatchScheduler
     metrics: BatchMetrics
-    output: Output
+    outputs: tuple[Output, ...]  # what each call asks the step for
     parent: BatchScheduler | None = None  # a per-token pipeline: the step's own scheduler it follows
 
 
-def _token_pool(step: str, output: str) -> str:
-    """The shm pool key of a per-token output of a step."""
-    return f"{step}.{output}"
+def _token_pool(step: str, outputs: tuple[str, ...]) -> str:
+    """The shm pool key of a per-token pipeline of a step."""
+    return f"{step}.{'+'.join(outputs)}"
 
 
 def _characters(inputs: Inputs) -> int:
@@ -64,7 +66,7 @@ class ScheduledPipeline:
         self.client = client
         self.settings = settings
         self.pipelines: dict[str, StepPipeline] = {}  # by model step name
-        self.token_pipelines: dict[tuple[str, str], StepPipeline] = {}  # by (step, per-token output)
+        self.token_pipelines: dict[tuple[str, tuple[str, ...]], StepPipeline] = {}  # by (step, outputs of a call)
         self._fallback_logged: set[str] = set()
         self._retiring: set[asyncio.Task[None]] = set()  # schedulers of rebuilt steps, closing
 
@@ -81,12 +83,12 @@ class ScheduledPipeline:
 
     async def run(
         self, model: ServedModel, endpoint: Endpoint, inputs: Inputs, *, truncate: bool, deadline: float,
-        output: str | None = None,
+        outputs: tuple[str, ...] = (),
     ) -> BatchResult:
-        """Admit, tokenize and schedule one request. `output`: a per-token output of the step
-        (contract.PER_TOKEN_OUTPUTS) instead of the pooled one."""
-        if output is not None:
-            pipeline = await self._token_pipeline(model, endpoint, output)
+        """Admit, tokenize and schedule one request. `outputs`: the step's outputs each call asks for, when not
+        only the pooled one (a per-token output of contract.PER_TOKEN_OUTPUTS, or several of one forward pass)."""
+        if outputs:
+            pipeline = await self._token_pipeline(model, endpoint, outputs)
         else:
             pipeline = self.pipelines[endpoint.step_model]
         backlog = pipeline.scheduler.backlog
@@ -110,8 +112,8 @@ class ScheduledPipeline:
         actual = sum(len(ids) for ids in encoded.ids)
         backlog.learn_units_per_char(chars, actual)
         backlog.add(actual - guess, lane=lane)  # the guess, corrected
-        outputs = await pipeline.scheduler.submit(encoded, deadline, counted=True, lane=lane)
-        return BatchResult(outputs, encoded.num_tokens, tokens, encoded.ids)
+        results = await pipeline.scheduler.submit(encoded, deadline, counted=True, lane=lane)
+        return BatchResult(results, encoded.num_tokens, tokens, encoded.ids)
 
     # --- keeping pipelines and shm pools in step with the served models --------------------------
     async def sync(self, served: list[tuple[ServedModel, Endpoint]]) -> set[str]:
@@ -131,7 +133,7 @@ class ScheduledPipeline:
             if current is None or current.scheduler is not self.token_pipelines[key].parent:
                 await self.token_pipelines.pop(key).scheduler.close()
             else:
-                pooled.add(_token_pool(*key))
+                pooled.add(_token_pool(key[0], key[1]))
         return pooled
 
     def _pipeline(self, model: ServedModel, endpoint: Endpoint) -> StepPipeline | None:
@@ -141,7 +143,7 @@ class ScheduledPipeline:
         sha = model.tokenizer.sha256 if model.tokenizer else ""
         policy = batch_policy(self.settings, model, endpoint)
         output = Output(model.output_name, model.output_width, model.name)
-        same_step = current is not None and current.scheduler.policy == policy and current.output == output
+        same_step = current is not None and current.scheduler.policy == policy and current.outputs == (output,)
         if same_step and current is not None and current.sha256 == sha:
             return current
         try:
@@ -166,7 +168,7 @@ class ScheduledPipeline:
         metrics = BatchMetrics(model.name)
         tokenizer = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
         scheduler = BatchScheduler(step, model.output_width, policy, run_batch, metrics)
-        pipeline = StepPipeline(tokenizer, sha, scheduler, metrics, output)
+        pipeline = StepPipeline(tokenizer, sha, scheduler, metrics, (output,))
         self.pipelines[step] = pipeline
         if current is not None:  # rebuilt step: what runs finishes, what waits is refused (503, retry)
             task = asyncio.get_running_loop().create_task(current.scheduler.close())
@@ -175,50 +177,63 @@ class ScheduledPipeline:
         log.info("%s: scheduler pipeline on %s (%s)", model.name, step, policy)
         return pipeline
 
-    async def _token_pipeline(self, model: ServedModel, endpoint: Endpoint, output: str) -> StepPipeline:
-        """The scheduler of one per-token output of a step (made on first use): same tokenizer and batching rule,
-        its own token budget (GATEWAY_TOKEN_OUTPUT_MAX_TOKENS: tokens x floats per token x 4 bytes come back)."""
+    async def _token_pipeline(self, model: ServedModel, endpoint: Endpoint, names: tuple[str, ...]) -> StepPipeline:
+        """The scheduler of calls that ask the step for `names` (per-token outputs, the pooled one among them when
+        several come from one forward pass), made on first use: same tokenizer and batching rule, its own token
+        budget (GATEWAY_TOKEN_OUTPUT_MAX_TOKENS: tokens x floats per token x 4 bytes come back)."""
         main = self.pipelines.get(endpoint.step_model)
-        dim = endpoint.token_width(output)
-        if dim is None:
-            raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {model.name!r} has no per-token output "
-                               f"{output!r} (rebuild it with this builder)")
+        outputs = tuple(self._step_output(model, endpoint, name) for name in names)
         if main is None:
             raise GatewayError(ErrorType.PIPELINE_UNSUPPORTED, f"per-token outputs of {model.name!r} need the "
                                "gateway's scheduler pipeline: it must read the model's tokenizer (GATEWAY_REPOSITORY)")
-        key = (endpoint.step_model, output)
+        key = (endpoint.step_model, names)
         current = self.token_pipelines.get(key)
         if current is not None and current.parent is main.scheduler:
             current.tokenizer = main.tokenizer
             return current
         step, pool = endpoint.step_model, _token_pool(*key)
-        out = Output(output, dim, model.name, per_token=True)
         budget = max(model.max_seq_len, min(self.settings.token_output_max_tokens, main.scheduler.policy.max_tokens))
         policy = dataclasses.replace(main.scheduler.policy, max_tokens=budget)
 
-        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray:
-            return await self.client.infer_step(step, tensors, token_shape(tensors, rows, dim), out, deadline,
-                                                pool=pool)
+        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray | StepOutputs:
+            shapes = [(out, token_shape(tensors, rows, out.width) if out.per_token else (rows, out.width))
+                      for out in outputs]
+            arrays = await self.client.infer_outputs(step, tensors, shapes, deadline, pool=pool)
+            if len(arrays) == 1:
+                return arrays[0]
+            return StepOutputs(tuple(arrays), tuple(out.per_token for out in outputs))
 
-        scheduler = BatchScheduler(step, dim, policy, run_batch, main.metrics, per_token=True)
-        pipeline = StepPipeline(main.tokenizer, main.sha256, scheduler, main.metrics, out, parent=main.scheduler)
+        scheduler = BatchScheduler(step, outputs[0].width, policy, run_batch, main.metrics, per_token=True)
+        pipeline = StepPipeline(main.tokenizer, main.sha256, scheduler, main.metrics, outputs, parent=main.scheduler)
         self.token_pipelines[key] = pipeline
         if current is not None:
             await current.scheduler.close()
         try:
             sizes = input_sizes(policy, model.max_seq_len)
             tokens = sizes[INPUT_IDS] // 4
-            sizes[output] = tokens * max(dim, 1) * 4
+            for out in outputs:
+                sizes[out.name] = (tokens * max(out.width, 1) if out.per_token else policy.max_rows * out.width) * 4
             await self.client.pools.ensure(pool, sizes, policy.max_in_flight + 1)
         except GatewayError:  # Triton unavailable: made again, pool included, on the next request
             if self.token_pipelines.get(key) is pipeline:
                 del self.token_pipelines[key]
             await scheduler.close()
             raise
-        except Exception:  # noqa: BLE001 - the output still goes over plain gRPC
-            log.exception("%s: could not set up shared memory for %s; it goes over plain gRPC", model.name, output)
-        log.info("%s: per-token pipeline for %s on %s (budget %d tokens)", model.name, output, step, budget)
+        except Exception:  # noqa: BLE001 - the outputs still go over plain gRPC
+            log.exception("%s: could not set up shared memory for %s; it goes over plain gRPC", model.name, names)
+        log.info("%s: per-token pipeline for %s on %s (budget %d tokens)", model.name, "+".join(names), step, budget)
         return pipeline
+
+    @staticmethod
+    def _step_output(model: ServedModel, endpoint: Endpoint, name: str) -> Output:
+        """What a call asks the step for under `name`: the pooled output, or a per-token one it declares."""
+        if name == model.output_name:
+            return Output(name, model.output_width, model.name)
+        dim = endpoint.token_width(name)
+        if dim is None:
+            raise GatewayError(ErrorType.OUTPUT_NOT_AVAILABLE, f"model {model.name!r} has no per-token output "
+                               f"{name!r} (rebuild it with this builder)")
+        return Output(name, dim, model.name, per_token=True)
 
     async def _ensure_step_pool(self, model: ServedModel, endpoint: Endpoint) -> None:
         policy = self.pipelines[endpoint.step_model].scheduler.policy
