@@ -19,9 +19,7 @@ from contract import (
     CU_SEQLENS,
     INPUT_IDS,
     LABELS_FILE,
-    LANE_PRIORITY,
     NUM_TOKENS,
-    PRIORITY_LEVELS,
     REPO_BACKEND,
     TEXT,
     TEXT_PAIR,
@@ -51,8 +49,6 @@ def _batching(config: mc.ModelConfig, settings: ResolvedSettings, delay_us: int)
     if settings.dynamic_batching:
         batching = config.dynamic_batching
         batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
-        batching.priority_levels = PRIORITY_LEVELS  # contract.LANE_PRIORITY: batch-lane calls wait behind others
-        batching.default_priority_level = LANE_PRIORITY["interactive"]
         batching.max_queue_delay_microseconds = delay_us
         if settings.queue_timeout_ms or settings.max_queue_size:
             policy = batching.default_queue_policy

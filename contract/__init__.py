@@ -62,15 +62,9 @@ PER_TOKEN_OUTPUTS: tuple[str, ...] = (TOKEN_EMBEDDINGS, TOKEN_WEIGHTS, COLBERT_V
 # Request parameter of an ensemble call that the tokenizer reads (Triton forwards an ensemble's
 # request parameters to its steps): `right` (default) or `left`.
 TRUNCATION_PARAMETER = "truncation_direction"
-# Triton's request priority on a model step, by the gateway's lane (X-Priority): the step's dynamic batcher has
-# PRIORITY_LEVELS levels, level 1 is served first and a request that names none gets it; so batch-lane calls wait
-# in Triton's queue behind the interactive calls of every gateway worker.
-PRIORITY_LEVELS = 2
-LANE_PRIORITY: dict[str, int] = {"interactive": 1, "batch": 2}
 # Triton's own request parameter of a request's timeout in microseconds (KServe v2 over HTTP; gRPC has a field),
 # which a model's queue policy acts on.
 TIMEOUT_PARAMETER = "timeout"
-PRIORITY_PARAMETER = "priority"  # over HTTP, a request parameter (gRPC has a field), as the timeout
 
 # Files.
 TOKENIZER_FILE = "tokenizer.json"

@@ -54,9 +54,9 @@ from gateway.service.batch_tensors import StepOutputs, outputs_by_row, packed_te
 
 log = logging.getLogger("gateway.scheduler")
 
-# (named int32 input tensors, rows, deadline, lane: `batch` when every row is batch-lane work) -> outputs [rows,
-# width_out] float32 (a per-token scheduler: its per-token output, or several outputs of one call)
-RunBatch = Callable[[dict[str, np.ndarray], int, float, Lane], Awaitable[np.ndarray | StepOutputs]]
+# (named int32 input tensors, rows, deadline) -> outputs [rows, width_out] float32 (a per-token scheduler: its
+# per-token output, or several outputs of one call)
+RunBatch = Callable[[dict[str, np.ndarray], int, float], Awaitable[np.ndarray | StepOutputs]]
 # A batch-lane row leads a batch once its deadline is this many calls away (each call's time as the backlog has
 # measured it), or this many seconds, whichever is later: it waits behind interactive work, never past its deadline.
 DUE_CALLS = 4
@@ -275,8 +275,7 @@ class BatchScheduler:
                     self._metrics.lane_waited(lane, start - oldest.since)
             with tracing.batch(self.name, (row.caller.trace for row in batch), rows=len(batch), tokens=tokens,
                                padded_rows=rows, width=width, computed_tokens=computed):
-                bulk: Lane = "batch" if all(row.lane == "batch" for row in batch) else "interactive"
-                outputs = await self._run_batch(tensors, rows, max(row.caller.deadline for row in batch), bulk)
+                outputs = await self._run_batch(tensors, rows, max(row.caller.deadline for row in batch))
             self.backlog.observe_latency(time.perf_counter() - start)
             self.backlog.served(tokens, len(batch), mark)
             handle.served = True

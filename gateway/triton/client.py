@@ -31,7 +31,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from contract import NUM_TOKENS, PRIORITY_PARAMETER, TEXT, TEXT_PAIR, TIMEOUT_PARAMETER, TRUNCATION_PARAMETER
+from contract import NUM_TOKENS, TEXT, TEXT_PAIR, TIMEOUT_PARAMETER, TRUNCATION_PARAMETER
 from gateway import tracing
 from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import TRITON_LATENCY
@@ -203,28 +203,27 @@ class TritonClient:
 
     async def infer_step(
         self, step: str, tensors: dict[str, np.ndarray], shape: tuple[int, ...], output: Output,
-        deadline: float | None = None, pool: str | None = None, priority: int = 0,
+        deadline: float | None = None, pool: str | None = None,
     ) -> np.ndarray:
         """Run one batch through a model step: `tensors` are its int32 inputs by name (padded [rows, width],
         or packed [1, T] with cu_seqlens [1, rows + 1]; docs/contract.md); the output fp32 of `shape` ([rows,
         width_out]; a per-token output [rows, width, dim] padded, [T, dim] packed). `pool`: the shm pool to
-        lease from when it is not the step's own (a per-token output has a pool of its own). `priority`: Triton's
-        priority level of the call (contract.LANE_PRIORITY; 0: the step's default)."""
-        (result,) = await self.infer_outputs(step, tensors, [(output, shape)], deadline, pool, priority)
+        lease from when it is not the step's own (a per-token output has a pool of its own)."""
+        (result,) = await self.infer_outputs(step, tensors, [(output, shape)], deadline, pool)
         return result
 
     async def infer_outputs(
         self, step: str, tensors: dict[str, np.ndarray], outputs: Sequence[tuple[Output, tuple[int, ...]]],
-        deadline: float | None = None, pool: str | None = None, priority: int = 0,
+        deadline: float | None = None, pool: str | None = None,
     ) -> list[np.ndarray]:
         """`infer_step` for several outputs of one call (one forward pass): each output with its shape, in order."""
         inputs = [Tensor(name, tensor) for name, tensor in tensors.items()]
         wanted = [Wanted(output.name, np.float32, shape) for output, shape in outputs]
-        return await self._call(step, pool or step, inputs, wanted, outputs[0][0].label, deadline, priority=priority)
+        return await self._call(step, pool or step, inputs, wanted, outputs[0][0].label, deadline)
 
     async def _call(
         self, model: str, pool_name: str, inputs: list[Tensor], outputs: list[Wanted], label: str,
-        deadline: float | None, parameters: dict[str, str] | None = None, priority: int = 0,
+        deadline: float | None, parameters: dict[str, str] | None = None,
     ) -> list[np.ndarray]:
         """One inference through a leased shm region of `pool_name` when one is free and every output fits its
         slot, else over plain gRPC; after a Triton restart, registered again and retried once."""
@@ -233,13 +232,13 @@ class TritonClient:
             pool = self.pools.get(pool_name)
             fits = pool is not None and pool.layout.fits({o.name: o.nbytes for o in outputs})
             async with pool.lease() if pool is not None and fits else nullcontext() as region:
-                return await self._infer(model, inputs, outputs, region, label, deadline, parameters, priority)
+                return await self._infer(model, inputs, outputs, region, label, deadline, parameters)
 
         return await self.pools.retrying(once)
 
     async def _infer(
         self, model: str, inputs: list[Tensor], outputs: list[Wanted], transport: Region | None, label: str,
-        deadline: float | None, parameters: dict[str, str] | None, priority: int = 0,
+        deadline: float | None, parameters: dict[str, str] | None,
     ) -> list[np.ndarray]:
         """The one inference call: inputs written into `transport`'s slots (an input too large for its slot, or
         no region at all, goes as a gRPC tensor), outputs read from them (or from the answer), each checked
@@ -259,7 +258,7 @@ class TritonClient:
         if transport is not None and len(placed) == len(inputs) and self._http_usable():
             try:
                 shapes = await self._infer_http(model, inputs, outputs, transport, placed, client_timeout, timeout_us,
-                                                parameters, priority)
+                                                parameters)
             except HttpUnreachable as exc:
                 self._http_refused_at = time.monotonic()
                 log.warning("GATEWAY_TRITON_HTTP_URL: %s; inference goes over gRPC for %.0f s", exc.message(),
@@ -284,8 +283,7 @@ class TritonClient:
                 out.set_shared_memory(transport.name, want.nbytes, transport.layout.offset(want.name))
         with self._calls, tracing.triton_call(model, outputs[0].shape[0], via) as headers:
             result = await self.grpc.infer(model, infer_inputs, outputs=requested, client_timeout=client_timeout,
-                                           timeout=timeout_us, parameters=parameters, headers=headers,
-                                           priority=priority)
+                                           timeout=timeout_us, parameters=parameters, headers=headers)
         TRITON_LATENCY.labels(label, via).observe(time.perf_counter() - start)
         return [_output(result, model, want, transport) for want in outputs]
 
@@ -300,13 +298,11 @@ class TritonClient:
     async def _infer_http(
         self, model: str, inputs: list[Tensor], outputs: list[Wanted], region: Region,
         placed: dict[str, tuple[int, int]], timeout_s: float, timeout_us: int, parameters: dict[str, str] | None,
-        priority: int = 0,
     ) -> dict[str, list[int]]:
         """One call over Triton's HTTP endpoint, every tensor in `region`: the answer's output shapes by name."""
         assert self.http is not None
         request = {
-            "parameters": {TIMEOUT_PARAMETER: timeout_us, **({PRIORITY_PARAMETER: priority} if priority else {}),
-                           **(parameters or {})},
+            "parameters": {TIMEOUT_PARAMETER: timeout_us, **(parameters or {})},
             "inputs": [{"name": t.name, "shape": t.shape, "datatype": t.datatype,
                         "parameters": _in_region(region, *placed[t.name])} for t in inputs],
             "outputs": [{"name": o.name, "parameters": _in_region(region, o.nbytes, region.layout.offset(o.name))}

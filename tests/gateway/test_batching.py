@@ -103,8 +103,7 @@ class StepDouble:
         self.gate.set()
         self.fail_next = False
 
-    async def __call__(self, tensors: dict[str, np.ndarray], rows: int, deadline: float,
-                       lane: str = "interactive") -> np.ndarray:
+    async def __call__(self, tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray:
         ids = tensors[INPUT_IDS]
         self.batches.append(ids)
         self.calls.append(tensors)

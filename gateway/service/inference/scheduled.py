@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contract import INPUT_IDS, LANE_PRIORITY
+from contract import INPUT_IDS
 from gateway import tracing
 from gateway.errors import ErrorType, GatewayError
 from gateway.metrics import BatchMetrics
-from gateway.service.admission import Backlog, Lane
+from gateway.service.admission import Backlog
 from gateway.service.batch_tensors import StepOutputs
 from gateway.service.inference.pipeline import BatchResult, Inputs, check_lengths, endpoint_setup
 from gateway.service.inference.planning import batch_policy, input_sizes, token_shape
@@ -162,9 +162,8 @@ class ScheduledPipeline:
             return current
         step = endpoint.step_model
 
-        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float, lane: Lane) -> np.ndarray:
-            return await self.client.infer_step(step, tensors, (rows, output.width), output, deadline,
-                                                priority=LANE_PRIORITY[lane])
+        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray:
+            return await self.client.infer_step(step, tensors, (rows, output.width), output, deadline)
 
         metrics = BatchMetrics(model.name)
         tokenizer = TokenizerQueue(encoder, self.settings.tokenize_inline_chars)
@@ -196,12 +195,10 @@ class ScheduledPipeline:
         budget = max(model.max_seq_len, min(self.settings.token_output_max_tokens, main.scheduler.policy.max_tokens))
         policy = dataclasses.replace(main.scheduler.policy, max_tokens=budget)
 
-        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float,
-                            lane: Lane) -> np.ndarray | StepOutputs:
+        async def run_batch(tensors: dict[str, np.ndarray], rows: int, deadline: float) -> np.ndarray | StepOutputs:
             shapes = [(out, token_shape(tensors, rows, out.width) if out.per_token else (rows, out.width))
                       for out in outputs]
-            arrays = await self.client.infer_outputs(step, tensors, shapes, deadline, pool=pool,
-                                                     priority=LANE_PRIORITY[lane])
+            arrays = await self.client.infer_outputs(step, tensors, shapes, deadline, pool=pool)
             if len(arrays) == 1:
                 return arrays[0]
             return StepOutputs(tuple(arrays), tuple(out.per_token for out in outputs))
