@@ -5,7 +5,6 @@ keyed by, store.py what an entry holds; local.py and redis_store.py are the two 
 from __future__ import annotations
 
 from gateway.service.cache.local import LocalStore
-from gateway.service.cache.redis_store import RedisStore
 from gateway.service.cache.results import ResultCache
 from gateway.service.cache.store import Store
 from gateway.settings import GatewaySettings
@@ -18,5 +17,8 @@ def make_store(settings: GatewaySettings) -> Store | None:
     if settings.cache == "local":
         return LocalStore(settings.cache_bytes)
     if settings.cache == "redis":
+        # imported only here: the redis client loads OpenTelemetry's SDK, which a gateway without tracing never does
+        from gateway.service.cache.redis_store import RedisStore
+
         return RedisStore(settings.cache_redis_url, settings.cache_redis_timeout_s)
     return None
