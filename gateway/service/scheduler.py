@@ -162,8 +162,8 @@ class BatchScheduler:
         lanes = (bulk, interactive) if head is not None and head.caller.deadline <= due else (interactive, bulk)
         if self.policy.layout == "packed":
             batch: list[Row] = []
-            for lane in lanes:
-                self._take_in_arrival_order(lane, batch, latest)
+            self._take_in_arrival_order(lanes[0], batch, latest, self.policy.max_tokens)
+            self._take_in_arrival_order(lanes[1], batch, latest, self._fill_budget(lanes[0], batch))
             rows = len(batch)
         else:
             batch, rows = self._take_planned(lanes, latest)
@@ -194,8 +194,16 @@ class BatchScheduler:
             return True
         return False
 
-    def _take_in_arrival_order(self, lane: LaneQueue, batch: list[Row], latest: float) -> None:
-        """Packed layout: rows of `lane` in arrival order into `batch`, within the token budget and row limit."""
+    def _fill_budget(self, lead: LaneQueue, batch: list[Row]) -> int:
+        """The tokens a batch may grow to with the other lane's rows. Batch-lane rows joining interactive ones keep
+        it within a call's fixed cost (`call_cost_tokens`): the interactive rows' call then takes at most about
+        twice its own time, while batch work fills batches of its own."""
+        if not batch or lead is self._lanes["batch"]:
+            return self.policy.max_tokens
+        return max(sum(row.length for row in batch), self.policy.call_cost_tokens)
+
+    def _take_in_arrival_order(self, lane: LaneQueue, batch: list[Row], latest: float, budget: int) -> None:
+        """Packed layout: rows of `lane` in arrival order into `batch`, within `budget` tokens and the row limit."""
         p, queue = self.policy, lane.arrivals
         tokens = sum(row.length for row in batch)
         while queue and len(batch) < p.max_rows:
@@ -203,7 +211,7 @@ class BatchScheduler:
             if self._late(row, latest):
                 queue.popleft()
                 continue
-            if batch and tokens + row.length > p.max_tokens:
+            if batch and tokens + row.length > budget:
                 return
             queue.popleft()
             batch.append(row)
