@@ -33,7 +33,7 @@ from typing import Literal, get_args
 
 from gateway.errors import ErrorType, GatewayError
 
-Lane = Literal["interactive", "batch"]  # X-Priority: interactive work is batched first, batch work fills the rest
+Lane = Literal["interactive", "batch"]  # X-Priority: interactive work is batched first, batch work after it
 LANES: tuple[Lane, ...] = get_args(Lane)
 ADMIT_FRACTION = 0.8  # share of a request's remaining time it may spend waiting behind others
 

@@ -1,8 +1,9 @@
 """The rows a model step's scheduler queues (service/scheduler.py): each text of a request is a row, kept in its
 caller's lane, in arrival order and, for the padded layout, by the width a batch pads it to.
 
-Two lanes (`Lane`): `interactive` rows go into batches first; `batch` rows fill the room they leave, and lead a batch
-themselves once their deadline is near, so that bulk work waits behind interactive work but never past its deadline.
+Two lanes (`Lane`): `interactive` rows go into batches first; `batch` rows fill batches of their own (and join
+interactive ones only up to a call's fixed cost), and lead a batch themselves once their deadline is near, so that
+bulk work waits behind interactive work but never past its deadline.
 """
 
 from __future__ import annotations

@@ -153,7 +153,8 @@ class BatchScheduler:
     def _next_batch(self) -> tuple[list[Row], int]:
         """Take the next batch out of the queues, and the row count it runs with (padded: a declared one, dummy
         rows fill the rest; packed: its own). The interactive lane leads, and the batch lane fills the room it
-        leaves; a batch-lane row whose deadline is near leads instead."""
+        leaves (packed: up to a call's fixed cost, `_fill_budget`); a batch-lane row whose deadline is near leads
+        instead."""
         now = time.monotonic()
         latest = now + self.backlog.call_latency_s
         interactive, bulk = self._lanes["interactive"], self._lanes["batch"]

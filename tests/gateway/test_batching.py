@@ -393,7 +393,8 @@ async def test_a_packed_callers_rows_leave_the_backlog_the_moment_it_gives_up() 
 @pytest.mark.anyio
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 async def test_interactive_rows_go_first_and_batch_rows_fill_the_room(layout: str) -> None:
-    step, scheduler = held_scheduler(max_rows=4, layout=layout)
+    # packed: batch-lane rows fill an interactive batch up to a call's fixed cost, here 101 tokens (room for two)
+    step, scheduler = held_scheduler(max_rows=4, layout=layout, call_cost_tokens=101 if layout == "packed" else 0)
     running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))  # holds the one batch in flight
     await until(lambda: len(step.batches) == 1)
     bulk = asyncio.ensure_future(scheduler.submit(encoded(*[20] * 6), later(), lane="batch"))
@@ -406,6 +407,24 @@ async def test_interactive_rows_go_first_and_batch_rows_fill_the_room(layout: st
     lengths = [sorted(int(x) for x in (np.diff(c[CU_SEQLENS][0]) if layout == "packed" else c[ATTENTION_MASK].sum(1)))
                for c in step.calls[1:]]
     assert lengths[0] == [20, 20, 30, 31] and sorted(sum(lengths[1:], [])) == [20] * 4, (lengths, firsts)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("cost", "joined"), [(0, 0), (81, 1), (101, 2), (4096, 6)])
+async def test_batch_rows_fill_an_interactive_batch_up_to_a_calls_cost(cost: int, joined: int) -> None:
+    """Packed: an interactive batch takes batch-lane rows while it holds at most `call_cost_tokens` tokens (its
+    interactive rows alone may hold more); the others wait for batches of their own."""
+    step, scheduler = held_scheduler(max_rows=8, layout="packed", call_cost_tokens=cost)
+    running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))  # holds the one batch in flight
+    await until(lambda: len(step.batches) == 1)
+    bulk = asyncio.ensure_future(scheduler.submit(encoded(*[20] * 6), later(), lane="batch"))
+    quick = asyncio.ensure_future(scheduler.submit(encoded(30, 31), later()))
+    await until(lambda: scheduler.queued == 8)
+    step.gate.set()
+    await asyncio.gather(running, bulk, quick)
+    lengths = [sorted(int(x) for x in np.diff(c[CU_SEQLENS][0])) for c in step.calls[1:]]
+    assert lengths[0] == sorted([30, 31, *[20] * joined])
+    assert sorted(sum(lengths[1:], [])) == [20] * (6 - joined)
 
 
 @pytest.mark.anyio
