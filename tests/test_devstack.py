@@ -61,6 +61,7 @@ def test_environment_names_tritons_http_endpoint_unless_this_one_turns_it_off(mo
     assert GatewayProcess("127.0.0.1:9", "127.0.0.1:8").environment()["GATEWAY_TRITON_HTTP_URL"] == "none"
 
 
+@pytest.mark.slow  # ~5 s of the default run for the dev harness' own stack: `scripts/test -m slow`
 def test_local_stack_gateway_honours_api_keys_of_the_environment(
     fake_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,6 +107,7 @@ async def _states(server: TritonServer, repository: Path) -> dict[str, str]:
         return (await client.get("/readyz")).json()["families"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow  # ~6 s of the default run; the result cache's reload test reloads under a gateway by default
 async def test_unload_and_load_under_traffic(lifecycle: tuple[TritonServer, Path, Path]) -> None:
     server, repository, _ = lifecycle
     async with running_gateway(server.grpc_url, triton_http_url=server.http_address, repository=str(repository), admin_keys="admin-key",

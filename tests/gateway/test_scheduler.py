@@ -141,6 +141,7 @@ async def test_without_a_readable_tokenizer_the_ensemble_serves(
 
 
 @pytest.mark.anyio
+@pytest.mark.slow  # ~6 s of the default run (its own tritonserver of three instances): scripts/test -m slow
 async def test_batches_in_flight_follow_the_instances_triton_runs(python_repository: Path, tmp_path: Path) -> None:
     """GATEWAY_MAX_BATCHES_IN_FLIGHT is per instance of the step, shared by the workers: a step Triton runs
     with 3 instances gets three times the batches in flight of one with 1 (on a GPU host, every GPU's)."""
