@@ -133,6 +133,18 @@ def later(seconds: float = 60.0) -> float:
     return time.monotonic() + seconds
 
 
+async def bulk_then_quick_behind_a_running_batch(step: StepDouble, scheduler: BatchScheduler) -> None:
+    """Six 20-token batch-lane rows, then two interactive ones (first ids 1, lengths 30 and 31), queued behind the one
+    batch in flight; then every batch runs."""
+    running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))  # holds the one batch in flight
+    await until(lambda: len(step.batches) == 1)
+    bulk = asyncio.ensure_future(scheduler.submit(encoded(*[20] * 6), later(), lane="batch"))
+    quick = asyncio.ensure_future(scheduler.submit(encoded(30, 31), later()))
+    await until(lambda: scheduler.queued == 8)
+    step.gate.set()
+    await asyncio.gather(running, bulk, quick)
+
+
 def held_scheduler(**overrides: object) -> tuple[StepDouble, BatchScheduler]:
     """A scheduler (one batch in flight) whose model step holds every batch until `step.gate` is set."""
     step = StepDouble()
@@ -395,13 +407,7 @@ async def test_a_packed_callers_rows_leave_the_backlog_the_moment_it_gives_up() 
 async def test_interactive_rows_go_first_and_batch_rows_fill_the_room(layout: str) -> None:
     # packed: batch-lane rows fill an interactive batch up to a call's fixed cost, here 101 tokens (room for two)
     step, scheduler = held_scheduler(max_rows=4, layout=layout, call_cost_tokens=101 if layout == "packed" else 0)
-    running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))  # holds the one batch in flight
-    await until(lambda: len(step.batches) == 1)
-    bulk = asyncio.ensure_future(scheduler.submit(encoded(*[20] * 6), later(), lane="batch"))
-    quick = asyncio.ensure_future(scheduler.submit(encoded(30, 31), later()))
-    await until(lambda: scheduler.queued == 8)
-    step.gate.set()
-    await asyncio.gather(running, bulk, quick)
+    await bulk_then_quick_behind_a_running_batch(step, scheduler)
     firsts = [sorted(int(n) for n in (b[0, :] if layout == "packed" else b[:, 0])) for b in step.batches[1:]]
     # the interactive rows (first ids 1, lengths 30 and 31) lead the second batch; bulk rows fill its room
     lengths = [sorted(int(x) for x in (np.diff(c[CU_SEQLENS][0]) if layout == "packed" else c[ATTENTION_MASK].sum(1)))
@@ -415,13 +421,7 @@ async def test_batch_rows_fill_an_interactive_batch_up_to_a_calls_cost(cost: int
     """Packed: an interactive batch takes batch-lane rows while it holds at most `call_cost_tokens` tokens (its
     interactive rows alone may hold more); the others wait for batches of their own."""
     step, scheduler = held_scheduler(max_rows=8, layout="packed", call_cost_tokens=cost)
-    running = asyncio.ensure_future(scheduler.submit(encoded(10), later()))  # holds the one batch in flight
-    await until(lambda: len(step.batches) == 1)
-    bulk = asyncio.ensure_future(scheduler.submit(encoded(*[20] * 6), later(), lane="batch"))
-    quick = asyncio.ensure_future(scheduler.submit(encoded(30, 31), later()))
-    await until(lambda: scheduler.queued == 8)
-    step.gate.set()
-    await asyncio.gather(running, bulk, quick)
+    await bulk_then_quick_behind_a_running_batch(step, scheduler)
     lengths = [sorted(int(x) for x in np.diff(c[CU_SEQLENS][0])) for c in step.calls[1:]]
     assert lengths[0] == sorted([30, 31, *[20] * joined])
     assert sorted(sum(lengths[1:], [])) == [20] * (6 - joined)
