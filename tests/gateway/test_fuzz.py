@@ -86,7 +86,7 @@ NO_SUCCESS_HERE = {"POST /rerank", "POST /v1/rerank", "POST /tokenize", "POST /d
                    "POST /tei/{model}/decode", "POST /v2/rerank",
                    "POST /embed_sparse", "POST /embed_all", "POST /embed_multi_vector", "POST /encode",
                    "POST /tei/{model}/embed_sparse", "POST /tei/{model}/embed_all"}  # the fake embedder: 424
-MAX_EXAMPLES = 20  # per operation and generation mode, on top of the schema's examples and the coverage phase (50 took
+MAX_EXAMPLES = 15  # per operation and generation mode, on top of the schema's examples and the coverage phase (50 took
 # ~11 s of the 5-minute default run; the coverage phase already sends every documented edge case)
 # Every error type a 4xx may carry: the gateway's ErrorType of a 4xx kind (gateway/README.md's error table documents
 # each: tests/gateway/test_error_types.py).

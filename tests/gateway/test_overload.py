@@ -112,7 +112,8 @@ def embed_body(texts: list[str]) -> dict[str, object]:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("pipeline", ["scheduler", "ensemble"])
+# the ensemble pipeline's run (~2.5 s of the default run) is in the slow suite: scripts/test -m slow
+@pytest.mark.parametrize("pipeline", ["scheduler", pytest.param("ensemble", marks=pytest.mark.slow)])
 async def test_an_idle_stack_admits_a_large_request_after_single_texts_and_a_burst(
     storm_triton: TritonServer, storm_repository: Path, pipeline: str
 ) -> None:
