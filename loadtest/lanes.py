@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,12 +27,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from devstack.gateway import GatewayProcess
-from devstack.tritonserver import TritonServer
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.http_client import Connection
-from loadtest.machine import describe_machine
-from loadtest.results_table import RUNS_DIR, RunContext, add_table_argument, record_rows
+from loadtest.local_stack import local_stack, publish
+from loadtest.results_table import RUNS_DIR, add_table_argument, record_rows
 
 BULK_HEADERS = {"X-Request-Timeout": "30", "X-Priority": "batch"}
 
@@ -156,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = [t for t in make_corpus(CorpusSpec(size=4000))]
     out = args.out or RUNS_DIR / args.name
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as logs, \
-            TritonServer(repository=args.repository, log_path=Path(logs) / "triton.log") as triton, \
-            GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address,
-                           settings={"repository": str(args.repository)}, log_path=Path(logs) / "gateway.log") as gw:
+    with local_stack(args.repository) as (_, gw):
         warm = asyncio.run(run_phase(gw.url, args.model, texts, argparse.Namespace(**{**vars(args), "seconds": 3}),
                                      True, 0))
         alone = asyncio.run(run_phase(gw.url, args.model, texts, args, True, 0))
@@ -175,10 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "statuses (warm-up, bulk alone, interactive alone, mixed bulk, mixed interactive): "
               f"{dict(warm.bulk_statuses)}, {dict(alone.bulk_statuses)}, {dict(idle.interactive_statuses)}, "
               f"{dict(mixed.bulk_statuses)}, {dict(mixed.interactive_statuses)}"]
-    text = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(text)
-    print(text, flush=True)
-    context = RunContext.of(describe_machine(), args.name, out)
+    context = publish(out, args.name, lines)
     load = f"{args.bulk_texts} texts x {args.bulk_clients} bulk + interactive at {args.share:g}"
     record_rows([context.row("lanes", "stack scheduler", load, m, v, u) for m, v, u, _ in rows], args.table)
     return 0

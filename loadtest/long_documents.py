@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,12 +26,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from devstack.gateway import GatewayProcess
-from devstack.tritonserver import TritonServer
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.http_client import Connection
-from loadtest.machine import describe_machine
-from loadtest.results_table import RUNS_DIR, RunContext, add_table_argument, record_rows
+from loadtest.local_stack import local_stack, publish
+from loadtest.results_table import RUNS_DIR, add_table_argument, record_rows
 
 DOCUMENT_HEADERS = {"X-Priority": "batch", "X-Request-Timeout": "60"}
 
@@ -77,7 +74,8 @@ class Pool:
 
 async def documents_of(url: str, model: str, texts: list[str], tokens: int, count: int) -> list[str]:
     """`count` documents of at least `tokens` tokens of the model (as /tokenize counts them), from the corpus."""
-    connection, rng, found = Connection(url, timeout_s=120), random.Random(11), []
+    connection, rng = Connection(url, timeout_s=120), random.Random(11)
+    found: list[str] = []
     try:
         while len(found) < count:
             document = ""
@@ -160,13 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     queries = make_corpus(CorpusSpec(size=4000))
     out = args.out or RUNS_DIR / args.name
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"repository": str(args.repository), "max_input_chars": str(args.doc_tokens * 20),
+    settings = {"max_input_chars": str(args.doc_tokens * 20),
                 "max_chunked_tokens": str(max(65536, args.doc_tokens * 2)),
                 "max_body_bytes": str(max(2 * 1024 * 1024, args.doc_tokens * 80))}
-    with tempfile.TemporaryDirectory() as logs, \
-            TritonServer(repository=args.repository, log_path=Path(logs) / "triton.log") as triton, \
-            GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address, settings=settings,
-                           log_path=Path(logs) / "gateway.log") as gw:
+    with local_stack(args.repository, settings) as (_, gw):
         documents = asyncio.run(documents_of(gw.url, args.model, queries, args.doc_tokens, 8))
         asyncio.run(run_stream(gw.url, args.model, queries, documents, args.rate, args.doc_share, 3))  # warm-up
         alone = asyncio.run(run_stream(gw.url, args.model, queries, documents, args.rate * (1 - args.doc_share), 0,
@@ -181,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"| {m} | {v:.3f} | {u} | {t} |" for m, v, u, t in rows]
     lines += ["", "statuses (queries alone, mixed queries, mixed documents): "
               f"{dict(alone.statuses['query'])}, {dict(mixed.statuses['query'])}, {dict(mixed.statuses['document'])}"]
-    text = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(text)
-    print(text, flush=True)
-    context = RunContext.of(describe_machine(), args.name, out)
+    context = publish(out, args.name, lines)
     load = f"{args.rate:g}/s, {args.doc_share:g} documents of {args.doc_tokens} tokens"
     record_rows([context.row("long-docs", "stack scheduler", load, m, v, u) for m, v, u, _ in rows], args.table)
     return 0

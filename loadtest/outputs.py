@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,12 +27,11 @@ from pathlib import Path
 import orjson
 import tritonclient.grpc as grpcclient
 
-from devstack.gateway import GatewayProcess
 from devstack.tritonserver import TritonServer
 from loadtest.corpus import CorpusSpec, make_corpus
 from loadtest.http_client import Connection
-from loadtest.machine import describe_machine
-from loadtest.results_table import RUNS_DIR, RunContext, add_table_argument, record_rows
+from loadtest.local_stack import local_stack, publish
+from loadtest.results_table import RUNS_DIR, add_table_argument, record_rows
 
 ROUTES = {"dense": "/embed", "sparse": "/embed_sparse", "multi_vector": "/embed_multi_vector"}
 OUTPUT_SETS = (("dense", "sparse", "multi_vector"), ("dense", "sparse"))
@@ -153,21 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     texts = make_corpus(CorpusSpec(size=4000))
     out = args.out or RUNS_DIR / args.name
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as logs, \
-            TritonServer(repository=args.repository, log_path=Path(logs) / "triton.log") as triton, \
-            GatewayProcess(triton.grpc_url, triton_http_url=triton.http_address,
-                           settings={"repository": str(args.repository)}, log_path=Path(logs) / "gateway.log") as gw:
+    with local_stack(args.repository) as (triton, gw):
         lines, rows, statuses = measure(triton, gw.url, args, texts)
-    text = "\n".join([
+    context = publish(out, args.name, [
         f"# {args.name}: several outputs of one forward pass (/encode) against a request per output", "",
         f"{args.clients} closed-loop clients x {args.texts} corpus texts per request; {args.seconds:g} s per window, "
         f"arms in turns, {args.rounds} rounds", "",
         "| outputs | round | one /encode texts/s | a request per output texts/s | one / apart |",
         "| --- | ---: | ---: | ---: | --- |", *lines, "",
-        f"statuses of every request, warm-up included: {dict(statuses)}"]) + "\n"
-    (out / "summary.md").write_text(text)
-    print(text, flush=True)
-    context = RunContext.of(describe_machine(), args.name, out)
+        f"statuses of every request, warm-up included: {dict(statuses)}"])
     load = f"{args.texts} texts c={args.clients}"
     errors = sum(n for status, n in statuses.items() if status != 200)
     record_rows([context.row("encode", "stack scheduler", load, m, v, u) for m, v, u in rows]
