@@ -8,8 +8,10 @@ On the GPU host (loadtest/device/README.md), same model shape, same corpus
   batch 256, Hugging Face SDPA fp16 on length-sorted batches of 256;
 - `infinity-emb` (when $INFINITY_PYTHON names a python with it): single-text `/embeddings`;
 - this stack through HTTP, the gateway with GATEWAY_PIPELINE=scheduler and, beside it, =ensemble:
-  single-text `/embed` at c=64 and c=256, 32-text requests at c=16, a single short text at c=1,
-  from the load generator's lean client (`--client raw`: the client shares the host it measures).
+  single-text `/embed` at c=64 and c=256, 32-text requests at c=16, requests of 32-256 texts at 8-64 clients,
+  a single short text at c=1, from the load generator's lean client (`--client raw`: the client shares the host
+  it measures). Each step also reports the cores each process group used and the GPU's busy share
+  (loadtest/host_usage.py; with $LOADTEST_PYSPY=DIR, py-spy profiles of the gateway and the stubs).
 The repository is built with the builder (`--runtime python --device gpu`: the python-backend
 onnxruntime runner, fp16 graph, CUDA provider), served by the PyPI-wheel tritonserver.
 Every step reports texts/s, tokens/s (texts/s x the corpus' mean tokens per text), p50/p99 and
@@ -37,6 +39,7 @@ from contract.batching import Shapes, default_widths
 from devstack.gateway import GatewayProcess
 from devstack.tritonserver import REPO_ROOT, TritonServer, free_port
 from loadtest.corpus import CorpusSpec, make_corpus
+from loadtest.host_usage import HostUsage
 from loadtest.machine import describe_machine
 from loadtest.ort_probe import in_child, step_python, time_shapes
 from loadtest.report import RunRecord, save, summary_markdown
@@ -56,15 +59,22 @@ from loadtest.targets import GatewaySpec
 
 SHORT_TEXT = "how fast is the model server?"
 COLD = "cold start: single text c=256"  # first, on a gateway just started, no warm-up: what a fresh stack refuses
+LARGE_STEPS = (  # requests of many texts: where the stack's throughput plateaus
+    ("64 texts c=32", 32, 64, False),
+    ("128 texts c=16", 16, 128, False),
+    ("256 texts c=8", 8, 256, False),
+    ("32 texts c=64", 64, 32, False),
+)
 STEPS = (  # (label, concurrency, texts per request, short text)
     (COLD, 256, 1, False),
     ("single text c=64", 64, 1, False),
     ("single text c=256", 256, 1, False),
     ("32 texts c=16", 16, 32, False),
+    *LARGE_STEPS,
     ("short text c=1", 1, 1, True),
 )
 EXTRA_STEPS = (("32 texts c=32", 32, 32, False),)  # run when named in --steps (a two-GPU host's 32-text load)
-TABLE_LOADS = ("single text c=256", "32 texts c=16", "short text c=1")  # the loads the results table keeps
+TABLE_LOADS = ("single text c=256", "32 texts c=16", "short text c=1", *(n for n, *_ in LARGE_STEPS))
 PEERS = {"sentence-transformers encode": "sentence-transformers", "HF SDPA careful": "hf-sdpa",
          "HF SDPA sorted batches": "hf-sdpa", "infinity-emb": "infinity"}  # step label -> the table's peer name
 
@@ -127,7 +137,8 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
                scheduler: bool, only: tuple[str, ...] = ()) -> tuple[list[StepResult], dict[str, dict[str, float]]]:
     """The stack's (or another server's) HTTP steps; with `scheduler`, batching counters per step."""
     spec = GatewaySpec(url=url, endpoint=endpoint, model=model, timeout_s=60, client=args.client)  # type: ignore[arg-type]
-    steps, batching = [], {}
+    steps: list[StepResult] = []
+    batching: dict[str, dict[str, float]] = {}
     wanted = set(only or args.steps or [n for n, *_ in STEPS])
     for name, concurrency, batch, short in STEPS + EXTRA_STEPS:
         if name not in wanted:
@@ -139,11 +150,13 @@ def http_steps(label: str, url: str, model: str, endpoint: str, corpus: list[str
                                 procs=1 if concurrency == 1 else min(args.procs, concurrency))
         before = scheduler_counters(url) if scheduler else {}
         triton_before = step_stats(args.triton_grpc, "bench_onnx") if scheduler and args.triton_grpc else {}
-        result = run_step(f"{label}: {name}", spec, settings, texts)
+        with HostUsage(f"{label}: {name}") as usage:
+            result = run_step(f"{label}: {name}", spec, settings, texts)
+        batching.setdefault(result.label, {}).update(usage.summary())
         if scheduler:
             after = scheduler_counters(url)
             delta = {k: after[k] - before[k] for k in after}
-            batching[result.label] = batching_stats(delta)
+            batching[result.label].update(batching_stats(delta))
             if triton_before:
                 after_t = step_stats(args.triton_grpc, "bench_onnx")
                 batching[result.label].update(triton_times({k: after_t[k] - triton_before[k] for k in after_t}))
@@ -182,7 +195,8 @@ def run_infinity(model_dir: Path, corpus: list[str], args: argparse.Namespace, l
         else:
             return [], ["infinity-emb did not answer /health within 180 s"]
         steps, _ = http_steps("infinity-emb", url, "bench", "openai", corpus, args, scheduler=False,
-                              only=("single text c=64", "single text c=256", "32 texts c=16"))
+                              only=("single text c=64", "single text c=256", "32 texts c=16",
+                                    *(n for n, *_ in LARGE_STEPS)))
         version = subprocess.run([python, "-c", "import infinity_emb; print(infinity_emb.__version__)"],
                                  capture_output=True, text=True, check=False, env=env).stdout.strip()
         return steps, [f"infinity-emb {version}: engine torch on {args.infinity_device}, batch size "
@@ -306,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if reference:
             ratios[f"{s.label}: texts/s / sentence-transformers encode"] = s.items_per_s / reference
-        if s.label in batching:
+        usage = batching.get(s.label, {})
+        if "gpu_sm_pct" in usage:
+            ratios[f"{s.label}: GPU busy (nvidia-smi SM %)"] = usage["gpu_sm_pct"]
+        if "padding_ratio" in usage:
             ratios[f"{s.label}: padding ratio (computed / real tokens)"] = batching[s.label]["padding_ratio"]
             ratios[f"{s.label}: mean texts per batch"] = batching[s.label]["mean_batch_texts"]
         if "short text c=1" in s.label:
@@ -326,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.procs} client processes ({args.client} client, {args.endpoint} route); repository: the builder's defaults for --runtime python --formats onnx "
         f"--device {args.device}, overrides: --max-batch-size {args.max_batch_size or '-'} --instances "
         f"{args.instances or '-'} --tokenizer-instances {args.tokenizer_instances or '-'} {' '.join(args.builder_arg)}",
+        "cores per process group per step: " + "; ".join(
+            f"{label}: " + ", ".join(f"{k[6:]} {v:.1f}" for k, v in figures.items() if k.startswith("cores "))
+            for label, figures in batching.items()),
         "tokens/s per step: " + ", ".join(f"{s.label} {s.items_per_s * tokens_per_text:.0f}" for s in steps),
         "errors per step (window + warm-up): " + ", ".join(f"{s.label} {s.errors}+{s.warmup_errors}" for s in steps),
     ]
@@ -363,6 +383,9 @@ def table_rows(record: RunRecord, context: RunContext) -> list[ResultRow]:
         infinity = by_label.get(f"infinity-emb: {load}")
         rows.append(context.row("bench7", series, load, "throughput", step.items_per_s, "texts/s",
                                 peers | ({"infinity": infinity.items_per_s} if infinity else {})))
+        busy = (record.settings.get("batching") or {}).get(step.label, {}).get("gpu_sm_pct")
+        if busy is not None:
+            rows.append(context.row("bench7", series, load, "gpu busy", busy, "SM %"))
     padding = [b["padding_ratio"] for b in (record.settings.get("batching") or {}).values() if b.get("padding_ratio")]
     if padding:
         rows.append(context.row("bench7", "stack scheduler", "every load", "padding ratio", max(padding),
