@@ -5,11 +5,12 @@
 #                                           # request (MPS as shipped): per step the cores of each process group and
 #                                           # the GPU's busy share (rows and summary in $OUT/results), and py-spy
 #                                           # profiles of a gateway worker and each stub ($OUT/profile-spy.tgz)
-#   bash loadtest/device/profile.sh nsys    # the same stack under nsys (CUDA trace, every process; no MPS) at
-#                                           # $LOAD (default "64 texts c=32"): 6 s captured while the GPU is busy,
-#                                           # summarised by nsys_summary.py ($OUT/nsys-summary.txt)
+#   bash loadtest/device/profile.sh kernels # the model step alone on one packed run of $ROWS (default 128) corpus
+#                                           # texts under ncu: kernel time per kind against the run's wall time
+#                                           # ($OUT/kernels.txt)
 #
-# py-spy comes from a wheel in prof-tools/ (carried: the host has none); nsys is the host's.
+# py-spy comes from a wheel in prof-tools/ (carried: the host has none); ncu is the host's (its nsys cannot import
+# a capture there: no QdstrmImporter).
 set -euo pipefail
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
@@ -31,26 +32,16 @@ case "${1:-}" in
     mps_stop
     tar -czf "$OUT/profile-spy.tgz" -C "$P" spy
     ;;
-  nsys)
-    load=${LOAD:-64 texts c=32}
-    nsys launch --session-new=plateau --trace=cuda --wait=primary python3 -m loadtest bench7 --name nsys \
-      --parts scheduler --steps "$load" --duration 30 --repository "$W/repository" --work "$W/nsys" \
-      --out "$P/runs" --table none > "$P/bench7.log" 2>&1 &
-    bench=$!
-    busy=0  # capture once the GPU has been busy for three samples in a row: the load is running
-    while [ "$busy" -lt 3 ] && kill -0 "$bench" 2>/dev/null; do
-      u=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)
-      if [ "${u:-0}" -ge 20 ]; then busy=$((busy + 1)); else busy=0; fi
-      sleep 1
-    done
-    nsys start --session=plateau --output="$P/stack" --force-overwrite=true
-    sleep 6
-    nsys stop --session=plateau
-    wait "$bench" || true
-    grep -E "^  stack" "$P/bench7.log" || tail -20 "$P/bench7.log"
-    nsys export --type sqlite --force-overwrite true --output "$P/stack.sqlite" "$P/stack.nsys-rep" >/dev/null
-    python3 loadtest/device/nsys_summary.py "$P/stack.sqlite" | tee "$OUT/nsys-summary.txt"
+  kernels)
+    rows=${ROWS:-128}; model=$W/repository/bench_onnx/1/model.onnx; tok=$W/model/tokenizer.json
+    run=(python3 loadtest/device/step_kernels.py run "$model" "$tok" "$rows")
+    wall=$(PYTHONPATH=$ORT_GPU_PATH:$PYTHONPATH "${run[@]}" 30 | tee "$OUT/kernels.txt" | sed -E 's/.*last run ([0-9.]+) ms.*/\1/')
+    # kernels per run: the difference between 5 runs and 1 run, over 4; clocks as they run (not ncu's base clocks)
+    ncu_run() { PYTHONPATH=$ORT_GPU_PATH:$PYTHONPATH ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      "${run[@]}" "$1" > "$2" 2>/dev/null || true; grep -c '"gpu__time_duration.sum"' "$2"; }
+    one=$(ncu_run 0 "$P/ncu1.csv"); five=$(ncu_run 4 "$P/ncu.csv"); per_run=$(( (five - one) / 4 ))
+    python3 loadtest/device/step_kernels.py report "$P/ncu.csv" "$per_run" "$wall" | tee -a "$OUT/kernels.txt"
     ;;
   *)
-    echo "usage: profile.sh stack|nsys" >&2; exit 2 ;;
+    echo "usage: profile.sh stack|kernels" >&2; exit 2 ;;
 esac
