@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import psutil
 
@@ -50,6 +51,12 @@ def group_of(process: psutil.Process, me: int) -> str:
     return "other"
 
 
+def sm_samples(dmon: str) -> list[int]:
+    """The SM % column of `nvidia-smi dmon -s u` output (GPU 0's rows; headers and stray lines skipped)."""
+    rows = [line.split() for line in dmon.splitlines() if not line.lstrip().startswith("#")]
+    return [int(row[1]) for row in rows if len(row) > 1 and row[0] == "0" and row[1].isdigit()]
+
+
 def _cpu_seconds() -> dict[int, tuple[float, psutil.Process]]:
     seen = {}
     for p in psutil.process_iter():
@@ -76,7 +83,7 @@ class HostUsage:
     _dmon: subprocess.Popen[str] | None = None
     _spies: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def __enter__(self) -> HostUsage:
+    def __enter__(self) -> Self:
         self._before = _cpu_seconds()
         self._host_before = _host_busy()
         self._children_before = _children_seconds()
@@ -103,8 +110,7 @@ class HostUsage:
         if self._dmon is not None:
             self._dmon.terminate()
             out, _ = self._dmon.communicate(timeout=10)
-            self.gpu_samples = [int(line.split()[1]) for line in out.splitlines()
-                                if line.strip() and not line.startswith("#") and line.split()[1].isdigit()]
+            self.gpu_samples = sm_samples(out)
             if self.gpu_samples:
                 self.gpu_sm_pct = sum(self.gpu_samples) / len(self.gpu_samples)
         for spy in self._spies:
