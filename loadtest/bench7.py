@@ -43,6 +43,7 @@ from loadtest.host_usage import HostUsage
 from loadtest.machine import describe_machine
 from loadtest.ort_probe import in_child, step_python, time_shapes
 from loadtest.report import RunRecord, save, summary_markdown
+from loadtest.results_report import LOADS, LONE
 from loadtest.results_table import RUNS_DIR, ResultRow, RunContext, add_table_argument, record_rows
 from loadtest.runner import run_step
 from loadtest.stack_metrics import (
@@ -74,7 +75,7 @@ STEPS = (  # (label, concurrency, texts per request, short text)
     ("short text c=1", 1, 1, True),
 )
 EXTRA_STEPS = (("32 texts c=32", 32, 32, False),)  # run when named in --steps (a two-GPU host's 32-text load)
-TABLE_LOADS = ("single text c=256", "32 texts c=16", "short text c=1", *(n for n, *_ in LARGE_STEPS))
+TABLE_LOADS = (*LOADS, LONE)  # the loads the results table keeps
 PEERS = {"sentence-transformers encode": "sentence-transformers", "HF SDPA careful": "hf-sdpa",
          "HF SDPA sorted batches": "hf-sdpa", "infinity-emb": "infinity"}  # step label -> the table's peer name
 

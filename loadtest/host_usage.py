@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -160,3 +161,29 @@ def _host_busy() -> float:
 def _children_seconds() -> float:
     t = os.times()
     return t.children_user + t.children_system
+
+
+def spy_report(path: str, top: int = 20) -> str:
+    """The frames a py-spy raw profile (collapsed stacks) spent its samples in: by own time, then including callees."""
+    own: Counter[str] = Counter()
+    within: Counter[str] = Counter()
+    for line in Path(path).read_text().splitlines():
+        if " " not in line.strip():
+            continue
+        stack, count = line.rsplit(" ", 1)
+        frames = stack.split(";")
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            within[frame] += int(count)
+    total = sum(own.values()) or 1
+    lines = [f"{path}: {total} samples", "own time:"]
+    lines += [f"  {100 * n / total:5.1f}% {frame[:140]}" for frame, n in own.most_common(top)]
+    lines += ["including callees:"]
+    lines += [f"  {100 * n / total:5.1f}% {frame[:140]}" for frame, n in within.most_common(top)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m loadtest.host_usage PROFILE.txt...: what each py-spy profile spent its time in
+    import sys
+
+    print("\n\n".join(spy_report(path) for path in sys.argv[1:]))
