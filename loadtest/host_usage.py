@@ -3,7 +3,8 @@ CPU times before and after), the GPU's busy share (nvidia-smi dmon's SM %, sampl
 $LOADTEST_PYSPY names a folder, a py-spy profile (raw collapsed stacks) of one process of each Python group.
 
 Groups: `gateway` (`python -m gateway` and its workers), `tritonserver`, `stub MODEL` (Triton's python-backend stub
-of each model), `mps` (the CUDA MPS daemon), `load client` (the loadtest process and its children), `other`.
+of each model), `mps` (the CUDA MPS daemon), `infinity-emb` (bench7's server peer), `load client` (the loadtest
+process and its other children), `other`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def group_of(process: psutil.Process, me: int) -> str:
         return f"stub {model.group(1) if model else '?'}"
     if "nvidia-cuda-mps" in line:
         return "mps"
+    if "infinity_emb" in line:  # bench7's server peer
+        return "infinity-emb"
     if os.path.basename(line.split(" ", 1)[0]) == "tritonserver":
         return "tritonserver"
     try:

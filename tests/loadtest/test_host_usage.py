@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -23,13 +24,14 @@ def test_sm_samples_keep_the_gpu_rows_and_skip_the_rest() -> None:
 
 
 def test_processes_are_grouped_by_their_own_or_their_ancestors_command_line() -> None:
-    sleeper = "import time; time.sleep(60)"
-    spawn_worker = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
-    gateway = subprocess.Popen([sys.executable, "-c", spawn_worker, "-m", "gateway"])
-    mine = subprocess.Popen([sys.executable, "-c", sleeper])
+    waiter = "import sys; sys.stdin.read()"  # lives until its stdin (the test's pipe) closes
+    spawn_worker = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {waiter!r}])"
+    gateway = subprocess.Popen([sys.executable, "-c", spawn_worker, "-m", "gateway"], stdin=subprocess.PIPE)
+    mine = subprocess.Popen([sys.executable, "-c", waiter], stdin=subprocess.PIPE)
     try:
         parent = psutil.Process(gateway.pid)
-        while not parent.children():  # until the worker has started
+        deadline = time.monotonic() + 60
+        while not parent.children() and time.monotonic() < deadline:  # until the worker has started
             pass
         worker = parent.children()[0]
         me = psutil.Process().pid
@@ -38,10 +40,9 @@ def test_processes_are_grouped_by_their_own_or_their_ancestors_command_line() ->
         assert group_of(psutil.Process(mine.pid), me) == "load client"
     finally:
         for process in (gateway, mine):
-            for child in psutil.Process(process.pid).children(recursive=True):
-                child.kill()
-            process.kill()
-            process.wait()
+            assert process.stdin is not None
+            process.stdin.close()
+            process.wait(timeout=60)
 
 
 def test_a_step_counts_the_cores_of_the_processes_it_ran() -> None:
