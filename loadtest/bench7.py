@@ -43,7 +43,7 @@ from loadtest.host_usage import HostUsage
 from loadtest.machine import describe_machine
 from loadtest.ort_probe import in_child, step_python, time_shapes
 from loadtest.report import RunRecord, save, summary_markdown
-from loadtest.results_report import LOADS, LONE
+from loadtest.results_report import LARGE_LOADS, LOADS, LONE
 from loadtest.results_table import RUNS_DIR, ResultRow, RunContext, add_table_argument, record_rows
 from loadtest.runner import run_step
 from loadtest.stack_metrics import (
@@ -60,12 +60,8 @@ from loadtest.targets import GatewaySpec
 
 SHORT_TEXT = "how fast is the model server?"
 COLD = "cold start: single text c=256"  # first, on a gateway just started, no warm-up: what a fresh stack refuses
-LARGE_STEPS = (  # requests of many texts: where the stack's throughput plateaus
-    ("64 texts c=32", 32, 64, False),
-    ("128 texts c=16", 16, 128, False),
-    ("256 texts c=8", 8, 256, False),
-    ("32 texts c=64", 64, 32, False),
-)
+# requests of many texts ("N texts c=C"), where the stack's throughput plateaus
+LARGE_STEPS = tuple((load, int(load.rsplit("=", 1)[1]), int(load.split()[0]), False) for load in LARGE_LOADS)
 STEPS = (  # (label, concurrency, texts per request, short text)
     (COLD, 256, 1, False),
     ("single text c=64", 64, 1, False),
