@@ -15,7 +15,7 @@
 # with those variables (REPO=DIR: that repository instead of the built one). MPS=1 (in the environment: every run; in
 # a run spec: that run) starts tritonserver through the shipped launcher, docker/triton/mps.py with TRITON_MPS=on, as
 # compose runs it on a GPU host; bench7's peers and its model step alone stay outside the daemon. STEPS: bench7's
-# --steps for `ab`; DURATION: its --duration. This checkout's commit: $LOADTEST_GIT_COMMIT (the host's copy has no
+# --steps for `ab` and `final`; DURATION: its --duration. This checkout's commit: $LOADTEST_GIT_COMMIT (the host's copy has no
 # .git to ask). Every run's rows go to $LOADTEST_TABLE (default $OUT/results.csv: it comes back with $OUT); its
 # folder under $OUT (the device tool's output folder, or ./ab-out).
 set -euo pipefail
@@ -23,7 +23,7 @@ BEFORE=${BEFORE:-before-tree}
 W=${GATEWAY_AB_WORK:-/tmp/i20g}
 OUT=${OUT:-ab-out}
 NAME=${NAME:-gpu}
-STEPS=${STEPS:-"single text c=256,32 texts c=16,short text c=1"}
+STEPS=${STEPS:-}  # ab: by default its three loads; final: by default every load of bench7
 export LOADTEST_TABLE=${LOADTEST_TABLE:-$OUT/results.csv}
 mkdir -p "$W" "$OUT"
 
@@ -95,7 +95,7 @@ make_bert(Path('$W/model'), 'embed', 'base')"
       repo_of env "$default_repo"
       # the older tree's bench7 knows no --table: both runs' rows come from their records (results --import)
       (cd "$tree" && env LOADTEST_GIT_COMMIT="$commit" ${env[@]+"${env[@]}"} ${launch[@]+"${launch[@]}"} \
-         python3 -m loadtest bench7 --name "gw-$run$round" --parts scheduler --steps "$STEPS" --repository "$repo" \
+         python3 -m loadtest bench7 --name "gw-$run$round" --parts scheduler --steps "${STEPS:-single text c=256,32 texts c=16,short text c=1}" --repository "$repo" \
          --work "$W/bench" --out "$OUT/ab" ${table[@]+"${table[@]}"} ${DURATION:+--duration "$DURATION"} 2>&1 \
          | grep -E "^[|] stack scheduler: (single|32|short)|errors per step") || true
       mps_stop
@@ -107,7 +107,8 @@ make_bert(Path('$W/model'), 'embed', 'base')"
     vars=(); with_mps vars
     ${launch[@]+"${launch[@]}"} env LOADTEST_GIT_COMMIT="$(this_commit)" python3 -m loadtest bench7 \
       --name "$NAME-final${2:-1}" --parts "${PARTS:-peers,scheduler,ensemble,infinity}" --repository "$W/repository" \
-      --work "$W/bench" --out "$OUT/results" ${TUNED:+--tuned "$TUNED"}
+      --work "$W/bench" --out "$OUT/results" ${TUNED:+--tuned "$TUNED"} ${STEPS:+--steps "$STEPS"} \
+      ${DURATION:+--duration "$DURATION"}
     mps_stop ;;
   *)
     echo "usage: gateway_ab.sh build|check|ab N|final N" >&2; exit 2 ;;

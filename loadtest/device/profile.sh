@@ -21,15 +21,11 @@ if ! command -v py-spy >/dev/null && ls prof-tools/py_spy-*.whl >/dev/null 2>&1;
   python3 -m pip install -q --no-index --no-deps --target "$P/pyspy" prof-tools/py_spy-*.whl
   export PATH=$P/pyspy/bin:$PATH
 fi
-launch=(env TRITON_MPS=on TRITON_MPS_DIR="$W/mps" python3 "$PWD/docker/triton/mps.py")
-mps_stop() { echo quit | env CUDA_MPS_PIPE_DIRECTORY="$W/mps/pipe" nvidia-cuda-mps-control || true; }
 case "${1:-}" in
-  stack)
-    LOADTEST_PYSPY=$P/spy "${launch[@]}" python3 -m loadtest bench7 --name "${NAME:-h200}-profile" --parts scheduler \
-      --steps "${STEPS:-single text c=256,32 texts c=16,64 texts c=32,128 texts c=16,256 texts c=8,32 texts c=64}" \
-      --repository "$W/repository" --work "$W/bench" --out "$OUT/results" ${DURATION:+--duration "$DURATION"} \
-      2>&1 | grep -E "^  stack|errors per step|cores per" || true
-    mps_stop
+  stack)  # gateway_ab.sh's final, scheduler series only, with py-spy on
+    LOADTEST_PYSPY=$P/spy MPS=1 NAME="${NAME:-h200}-profile" PARTS=scheduler \
+      STEPS="${STEPS:-single text c=256,32 texts c=16,64 texts c=32,128 texts c=16,256 texts c=8,32 texts c=64}" \
+      bash loadtest/device/gateway_ab.sh final 1 2>&1 | grep -E "^\| stack|errors per step|cores per" || true
     tar -czf "$OUT/profile-spy.tgz" -C "$P" spy
     ;;
   kernels)
